@@ -1,0 +1,256 @@
+//! Task arguments: tensors tagged with access modes, scalars, explicit dependencies, SPMD width.
+
+use std::fmt;
+
+use smallvec::SmallVec;
+
+use crate::dtype::{DType, Element};
+use crate::tensor::{Tensor, MAX_DIMS};
+
+/// Identifies a task within one run of a chip program. Ids grow in submission order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(pub(crate) u64);
+
+impl TaskId {
+    /// The raw number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// How a task accesses a tensor argument; decides which dependencies are inferred.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArgMode {
+    /// Read only: depends on earlier writers of overlapping bytes (read-after-write).
+    In,
+    /// A new tensor the runtime allocates from the scope's ring; the task writes it.
+    Out,
+    /// Read and written: depends on earlier readers and writers of overlapping bytes.
+    InOut,
+    /// Written in place in an existing tensor: depends on earlier readers and writers
+    /// (write-after-read and write-after-write).
+    OutputExisting,
+    /// Not tracked: no inferred dependency. The kernel may read it, or write it when no other
+    /// running task uses the same bytes (a collision fails the task instead of racing).
+    NoDep,
+}
+
+impl ArgMode {
+    /// True for the modes a kernel may read.
+    pub fn readable(self) -> bool {
+        matches!(self, ArgMode::In | ArgMode::InOut | ArgMode::NoDep)
+    }
+    /// True for the modes a kernel may write.
+    pub fn writable(self) -> bool {
+        !matches!(self, ArgMode::In)
+    }
+    /// The upper-case name used in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            ArgMode::In => "IN",
+            ArgMode::Out => "OUT",
+            ArgMode::InOut => "INOUT",
+            ArgMode::OutputExisting => "OUTPUT_EXISTING",
+            ArgMode::NoDep => "NO_DEP",
+        }
+    }
+}
+
+impl fmt::Display for ArgMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A scalar argument: its bits and its dtype, so a kernel reading it as another type gets an
+/// error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scalar {
+    pub(crate) bits: u64,
+    pub(crate) dtype: DType,
+}
+
+impl Scalar {
+    /// Wraps a value of any element type.
+    pub fn new<T: Element>(v: T) -> Scalar {
+        let mut bytes = [0u8; 8];
+        let src = bytemuck::bytes_of(&v);
+        bytes[..src.len()].copy_from_slice(src);
+        Scalar {
+            bits: u64::from_le_bytes(bytes),
+            dtype: T::DTYPE,
+        }
+    }
+
+    /// The value as `T`, or `None` when `T` is not its dtype.
+    pub fn get<T: Element>(&self) -> Option<T> {
+        if T::DTYPE != self.dtype {
+            return None;
+        }
+        let bytes = self.bits.to_le_bytes();
+        bytemuck::try_pod_read_unaligned(&bytes[..T::DTYPE.size()]).ok()
+    }
+
+    /// The scalar's dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+/// What the runtime should put in a runtime-allocated output before its kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutInit {
+    /// Whatever the ring memory held (fastest; the kernel must write every element).
+    Unspecified,
+    /// All bytes zero.
+    Zeroed,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum TensorArg {
+    Existing(Tensor, ArgMode),
+    Create {
+        shape: SmallVec<[usize; MAX_DIMS]>,
+        dtype: DType,
+        init: OutInit,
+    },
+}
+
+/// The arguments of one task, built in order: tensors (each with an [`ArgMode`]), scalars,
+/// explicit dependencies and the SPMD width.
+///
+/// Tensor arguments are numbered in the order they are added, whatever their mode; scalars are
+/// numbered separately. Kernels read them through [`crate::KernelCtx`].
+///
+/// ```
+/// use pto_core::{DType, TaskArgs, Tensor};
+/// let a = Tensor::zeros(&[4], DType::F32)?;
+/// let args = TaskArgs::new()
+///     .input(&a)                 // tensor 0
+///     .output(&[4], DType::F32)  // tensor 1, allocated by the runtime
+///     .scalar(2.0f32);           // scalar 0
+/// assert_eq!(args.num_tensors(), 2);
+/// # Ok::<(), pto_core::TensorError>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct TaskArgs {
+    pub(crate) tensors: Vec<TensorArg>,
+    pub(crate) scalars: Vec<Scalar>,
+    pub(crate) deps: SmallVec<[TaskId; 2]>,
+    pub(crate) block_num: u32,
+}
+
+impl TaskArgs {
+    /// No arguments; one block.
+    pub fn new() -> TaskArgs {
+        TaskArgs {
+            block_num: 1,
+            ..TaskArgs::default()
+        }
+    }
+
+    fn with(mut self, t: &Tensor, mode: ArgMode) -> TaskArgs {
+        self.tensors.push(TensorArg::Existing(t.clone(), mode));
+        self
+    }
+
+    /// A tensor the task reads.
+    pub fn input(self, t: &Tensor) -> TaskArgs {
+        self.with(t, ArgMode::In)
+    }
+
+    /// A tensor the task reads and writes.
+    pub fn inout(self, t: &Tensor) -> TaskArgs {
+        self.with(t, ArgMode::InOut)
+    }
+
+    /// An existing tensor the task writes.
+    pub fn output_existing(self, t: &Tensor) -> TaskArgs {
+        self.with(t, ArgMode::OutputExisting)
+    }
+
+    /// A tensor excluded from dependency tracking.
+    pub fn no_dep(self, t: &Tensor) -> TaskArgs {
+        self.with(t, ArgMode::NoDep)
+    }
+
+    /// A tensor with an explicit mode.
+    pub fn tensor(self, t: &Tensor, mode: ArgMode) -> TaskArgs {
+        self.with(t, mode)
+    }
+
+    /// A new tensor allocated by the runtime; its contents are unspecified until the kernel
+    /// writes them. It is returned by the submit call.
+    pub fn output(self, shape: &[usize], dtype: DType) -> TaskArgs {
+        self.output_init(shape, dtype, OutInit::Unspecified)
+    }
+
+    /// A new zero-filled tensor allocated by the runtime.
+    pub fn output_zeroed(self, shape: &[usize], dtype: DType) -> TaskArgs {
+        self.output_init(shape, dtype, OutInit::Zeroed)
+    }
+
+    fn output_init(mut self, shape: &[usize], dtype: DType, init: OutInit) -> TaskArgs {
+        self.tensors.push(TensorArg::Create {
+            shape: SmallVec::from_slice(shape),
+            dtype,
+            init,
+        });
+        self
+    }
+
+    /// A scalar argument.
+    pub fn scalar<T: Element>(mut self, v: T) -> TaskArgs {
+        self.scalars.push(Scalar::new(v));
+        self
+    }
+
+    /// An explicit dependency: the task runs after `task` completes.
+    pub fn after(mut self, task: TaskId) -> TaskArgs {
+        self.deps.push(task);
+        self
+    }
+
+    /// Explicit dependencies on several tasks.
+    pub fn after_all(mut self, tasks: impl IntoIterator<Item = TaskId>) -> TaskArgs {
+        self.deps.extend(tasks);
+        self
+    }
+
+    /// Runs the kernel as `n` SPMD blocks (`n >= 1`).
+    pub fn blocks(mut self, n: u32) -> TaskArgs {
+        self.block_num = n;
+        self
+    }
+
+    /// Number of tensor arguments.
+    pub fn num_tensors(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Number of scalar arguments.
+    pub fn num_scalars(&self) -> usize {
+        self.scalars.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scalars_keep_their_type() {
+        let s = Scalar::new(-3i16);
+        assert_eq!(s.get::<i16>(), Some(-3));
+        assert_eq!(s.get::<u16>(), None);
+        let f = Scalar::new(half::bf16::from_f32(1.5));
+        assert_eq!(f.get::<half::bf16>(), Some(half::bf16::from_f32(1.5)));
+        assert_eq!(Scalar::new(2.5f64).get::<f64>(), Some(2.5));
+    }
+}

@@ -1,0 +1,324 @@
+//! Buffers: the memory that tensors view, with run-time borrow tracking.
+//!
+//! This is one of the two modules of `pto-core` allowed to use `unsafe` (the other is
+//! [`crate::view`]). A [`Buffer`] owns (or borrows from an [`ExternalMemory`]) a block of bytes
+//! that kernels on different threads read and write through tensor views.
+//!
+//! # Why access is sound
+//!
+//! The DAG engine orders every two tasks whose accesses to the same buffer overlap (read after
+//! write, write after write, write after read). Tasks the user chose not to track (`NO_DEP`
+//! arguments, manual scopes) are still guarded: before a task runs, it registers a *borrow* of
+//! each region it touches, and a write borrow that overlaps any other live borrow (or a read
+//! that overlaps a live write) is refused. A refused borrow fails the task with a data-race
+//! error instead of letting two threads alias memory. Host code that reads or writes a buffer
+//! directly ([`crate::Tensor::read`], [`crate::Tensor::write`]) registers borrows the same way.
+
+#![allow(unsafe_code)]
+
+use std::alloc::Layout;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::tensor::{overlap, Overlap, Region};
+
+/// Alignment of every buffer's base address, in bytes.
+pub const BUFFER_ALIGN: usize = 64;
+
+static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_BORROW_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+/// Memory that a [`Buffer`] can wrap without owning its allocation (for example a shared-memory
+/// mapping).
+///
+/// # Safety
+///
+/// Implementors promise that `as_ptr()` is non-null, aligned to [`BUFFER_ALIGN`] bytes, valid for
+/// reads and writes of `len()` bytes for as long as the object lives, and that the bytes are not
+/// accessed by this process except through the [`Buffer`] that wraps it (other processes may
+/// access it under a protocol of their own, such as a comm window's signals).
+pub unsafe trait ExternalMemory: Send + Sync + 'static {
+    /// Base address of the memory.
+    fn as_ptr(&self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// True when the memory has no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+enum Memory {
+    /// Zero-initialised memory from the global allocator.
+    Heap { ptr: NonNull<u8>, layout: Layout },
+    /// Zero bytes: no allocation.
+    Empty,
+    External(Box<dyn ExternalMemory>),
+}
+
+impl Memory {
+    fn ptr(&self) -> *mut u8 {
+        match self {
+            Memory::Heap { ptr, .. } => ptr.as_ptr(),
+            Memory::Empty => NonNull::<u64>::dangling().as_ptr().cast(),
+            Memory::External(m) => m.as_ptr(),
+        }
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        if let Memory::Heap { ptr, layout } = self {
+            // SAFETY: `ptr` came from `alloc_zeroed(layout)` in `Buffer::zeroed` and is freed
+            // exactly once, here.
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), *layout) }
+        }
+    }
+}
+
+struct Borrow {
+    token: u64,
+    region: Region,
+    write: bool,
+}
+
+pub(crate) struct BufferInner {
+    id: u64,
+    len: usize,
+    mem: Memory,
+    borrows: Mutex<Vec<Borrow>>,
+}
+
+// SAFETY: the raw pointer inside `Memory` is only dereferenced through views whose regions were
+// admitted by the borrow table (see the module docs), so sharing the buffer between threads
+// cannot create a data race on its bytes. `ExternalMemory` is `Send + Sync` by its bounds.
+unsafe impl Send for BufferInner {}
+// SAFETY: see the `Send` impl above.
+unsafe impl Sync for BufferInner {}
+
+/// A block of bytes that tensors view. Cloning a `Buffer` clones a reference to the same memory.
+#[derive(Clone)]
+pub struct Buffer {
+    inner: Arc<BufferInner>,
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffer")
+            .field("id", &self.inner.id)
+            .field("len", &self.inner.len)
+            .finish()
+    }
+}
+
+impl PartialEq for Buffer {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.id == other.inner.id
+    }
+}
+impl Eq for Buffer {}
+
+/// A borrow of a region that was refused because it overlaps a live one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BorrowConflict {
+    /// The token of the live borrow it collides with.
+    pub other: u64,
+}
+
+/// Allocation failed: the size does not fit in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("cannot allocate a buffer of {bytes} bytes")]
+pub struct AllocError {
+    /// Requested size.
+    pub bytes: usize,
+}
+
+impl Buffer {
+    /// Allocates `len` zeroed bytes, aligned to [`BUFFER_ALIGN`].
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError`] when the size overflows a layout or the allocator refuses it.
+    pub fn zeroed(len: usize) -> Result<Buffer, AllocError> {
+        let mem = if len == 0 {
+            Memory::Empty
+        } else {
+            let layout =
+                Layout::from_size_align(len, BUFFER_ALIGN).map_err(|_| AllocError { bytes: len })?;
+            // SAFETY: `layout` has a non-zero size (len > 0 checked above).
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            let ptr = NonNull::new(ptr).ok_or(AllocError { bytes: len })?;
+            Memory::Heap { ptr, layout }
+        };
+        Ok(Self::from_memory(len, mem))
+    }
+
+    /// Wraps memory owned by someone else (for example a shared-memory mapping).
+    pub fn from_external(mem: Box<dyn ExternalMemory>) -> Buffer {
+        let len = mem.len();
+        Self::from_memory(len, Memory::External(mem))
+    }
+
+    fn from_memory(len: usize, mem: Memory) -> Buffer {
+        Buffer {
+            inner: Arc::new(BufferInner {
+                id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed),
+                len,
+                mem,
+                borrows: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// A process-unique id; the key under which the dependency engine tracks accesses.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    /// True when the buffer has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// A fresh borrow token.
+    pub(crate) fn new_token() -> u64 {
+        NEXT_BORROW_TOKEN.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers a borrow of `region` under `token`. Several regions may share one token (all the
+    /// arguments of one task); they never conflict with each other.
+    pub(crate) fn try_borrow(
+        &self,
+        token: u64,
+        region: &Region,
+        write: bool,
+    ) -> Result<(), BorrowConflict> {
+        let mut borrows = self.inner.borrows.lock();
+        for b in borrows.iter() {
+            if b.token != token
+                && (write || b.write)
+                && overlap(region, &b.region) != Overlap::Disjoint
+            {
+                return Err(BorrowConflict { other: b.token });
+            }
+        }
+        borrows.push(Borrow {
+            token,
+            region: *region,
+            write,
+        });
+        Ok(())
+    }
+
+    /// Drops every borrow registered under `token`.
+    pub(crate) fn release(&self, token: u64) {
+        self.inner.borrows.lock().retain(|b| b.token != token);
+    }
+
+    /// Base address. Dereferencing it is only sound inside an admitted borrow.
+    pub(crate) fn base_ptr(&self) -> *mut u8 {
+        self.inner.mem.ptr()
+    }
+}
+
+/// A set of borrows taken together and released on drop.
+pub(crate) struct BorrowSet {
+    token: u64,
+    buffers: smallvec::SmallVec<[Buffer; 4]>,
+}
+
+impl BorrowSet {
+    pub(crate) fn new() -> BorrowSet {
+        BorrowSet {
+            token: Buffer::new_token(),
+            buffers: smallvec::SmallVec::new(),
+        }
+    }
+
+    /// The token all of this set's borrows are registered under.
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Adds a borrow; on a conflict, everything taken so far stays registered until drop.
+    pub(crate) fn add(
+        &mut self,
+        buffer: &Buffer,
+        region: &Region,
+        write: bool,
+    ) -> Result<(), BorrowConflict> {
+        buffer.try_borrow(self.token, region, write)?;
+        if !self.buffers.iter().any(|b| b == buffer) {
+            self.buffers.push(buffer.clone());
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for BorrowSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BorrowSet(token {}, {} buffers)", self.token, self.buffers.len())
+    }
+}
+
+impl Drop for BorrowSet {
+    fn drop(&mut self) {
+        for b in &self.buffers {
+            b.release(self.token);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn region(offset: usize, len: usize) -> Region {
+        Region::contiguous(DType::U8, offset, &[len])
+    }
+
+    #[test]
+    fn write_borrows_exclude_overlaps() {
+        let b = Buffer::zeroed(128).unwrap();
+        let (t1, t2) = (Buffer::new_token(), Buffer::new_token());
+        b.try_borrow(t1, &region(0, 64), true).unwrap();
+        assert_eq!(
+            b.try_borrow(t2, &region(32, 64), false),
+            Err(BorrowConflict { other: t1 })
+        );
+        b.try_borrow(t2, &region(64, 64), true).unwrap();
+        // The same token never conflicts with itself.
+        b.try_borrow(t1, &region(0, 8), false).unwrap();
+        b.release(t1);
+        b.try_borrow(t2, &region(0, 64), false).unwrap();
+    }
+
+    #[test]
+    fn reads_share() {
+        let b = Buffer::zeroed(64).unwrap();
+        b.try_borrow(1_000_001, &region(0, 64), false).unwrap();
+        b.try_borrow(1_000_002, &region(0, 64), false).unwrap();
+        assert!(b.try_borrow(1_000_003, &region(0, 1), true).is_err());
+    }
+
+    #[test]
+    fn zero_length_and_huge() {
+        assert!(Buffer::zeroed(0).unwrap().is_empty());
+        assert_eq!(
+            Buffer::zeroed(usize::MAX - 8).unwrap_err(),
+            AllocError {
+                bytes: usize::MAX - 8
+            }
+        );
+    }
+}

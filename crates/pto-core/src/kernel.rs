@@ -1,0 +1,492 @@
+//! Kernels, the registry that names them, and the typed context they run in.
+
+use std::any::Any;
+use std::cell::Cell;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use crate::args::{ArgMode, OutInit, Scalar, TaskId};
+use crate::dtype::{DType, Element};
+use crate::tensor::{Region, Tensor, TensorError};
+
+use crate::view::{TensorMut, TensorRef};
+
+/// The kind of logical core a kernel runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CoreKind {
+    /// A matrix (cube) core.
+    Aic,
+    /// A vector core.
+    Aiv,
+    /// A whole cluster: one AIC core and its AIV cores, taken together.
+    Mix,
+}
+
+impl CoreKind {
+    /// `"AIC"`, `"AIV"` or `"MIX"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CoreKind::Aic => "AIC",
+            CoreKind::Aiv => "AIV",
+            CoreKind::Mix => "MIX",
+        }
+    }
+}
+
+impl fmt::Display for CoreKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One logical core of a chip (for [`CoreKind::Mix`], a cluster).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoreId {
+    /// Its kind.
+    pub kind: CoreKind,
+    /// Its index among the cores of that kind.
+    pub index: u32,
+}
+
+impl fmt::Display for CoreId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.kind, self.index)
+    }
+}
+
+/// Why a kernel failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KernelError {
+    /// An argument index past the end.
+    #[error("{what} argument {index} out of range: the task has {count}")]
+    ArgIndex {
+        /// `"tensor"` or `"scalar"`.
+        what: &'static str,
+        /// The index asked for.
+        index: usize,
+        /// How many there are.
+        count: usize,
+    },
+    /// Reading an argument the task may not read, or writing one it may not write.
+    #[error("tensor argument {index} is {mode} and cannot be {wanted}")]
+    Mode {
+        /// The argument.
+        index: usize,
+        /// Its mode.
+        mode: ArgMode,
+        /// `"read"` or `"written"`.
+        wanted: &'static str,
+    },
+    /// An SPMD task's blocks would share a writable tensor; use the `_chunk` accessors.
+    #[error("tensor argument {index} is writable and the task runs {blocks} blocks: use input_chunk/output_chunk so blocks do not overlap")]
+    SpmdShared {
+        /// The argument.
+        index: usize,
+        /// The task's block count.
+        blocks: u32,
+    },
+    /// A view of this argument is still alive in a conflicting mode.
+    #[error("tensor argument {index} is already borrowed by a live view")]
+    AlreadyBorrowed {
+        /// The argument.
+        index: usize,
+    },
+    /// A tensor operation failed (for example a dtype mismatch).
+    #[error("tensor argument {index}: {source}")]
+    Tensor {
+        /// The argument.
+        index: usize,
+        /// The tensor error.
+        source: TensorError,
+    },
+    /// A scalar read as the wrong type.
+    #[error("scalar argument {index} is {actual}, read as {expected}")]
+    ScalarType {
+        /// The argument.
+        index: usize,
+        /// The type asked for.
+        expected: DType,
+        /// The scalar's dtype.
+        actual: DType,
+    },
+    /// Writing a `NO_DEP` tensor that another running task uses.
+    #[error("tensor argument {index} (buffer {buffer}) is in use by another running task")]
+    DataRace {
+        /// The argument.
+        index: usize,
+        /// The buffer id.
+        buffer: u64,
+    },
+    /// A view operation failed (for example [`crate::TensorMut::assign`] with the wrong
+    /// length).
+    #[error(transparent)]
+    View(#[from] TensorError),
+    /// The kernel's own failure.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl KernelError {
+    /// A failure with a message of the kernel's own.
+    pub fn msg(m: impl Into<String>) -> KernelError {
+        KernelError::Failed(m.into())
+    }
+}
+
+/// The signature of a kernel body.
+pub type KernelFn = dyn Fn(&KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync;
+
+/// Identifies a kernel in a [`KernelRegistry`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelId(pub u32);
+
+/// A registered kernel: a name, an id, the core kind it runs on, and its body.
+pub struct Kernel {
+    name: String,
+    id: KernelId,
+    kind: CoreKind,
+    func: Arc<KernelFn>,
+}
+
+impl fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Kernel({} #{} on {})", self.name, self.id.0, self.kind)
+    }
+}
+
+impl Kernel {
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The kernel's id.
+    pub fn id(&self) -> KernelId {
+        self.id
+    }
+    /// The core kind it runs on.
+    pub fn kind(&self) -> CoreKind {
+        self.kind
+    }
+    pub(crate) fn call(&self, ctx: &KernelCtx<'_>) -> Result<(), KernelError> {
+        (self.func)(ctx)
+    }
+}
+
+/// Errors from registering kernels.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// Two kernels with one name.
+    #[error("a kernel named {0:?} is already registered")]
+    Duplicate(String),
+    /// No kernel by that name or id.
+    #[error("no kernel named {0} is registered")]
+    Unknown(String),
+}
+
+/// The kernels a chip program may submit, by name and id.
+///
+/// ```
+/// use pto_core::{CoreKind, KernelRegistry};
+/// let mut reg = KernelRegistry::new();
+/// let id = reg.register("double", CoreKind::Aiv, |ctx| {
+///     let x = ctx.input::<f32>(0)?;
+///     let mut y = ctx.output::<f32>(1)?;
+///     for (o, i) in y.as_mut_slice().unwrap().iter_mut().zip(x.as_slice().unwrap()) {
+///         *o = 2.0 * i;
+///     }
+///     Ok(())
+/// })?;
+/// assert_eq!(reg.lookup("double")?.id(), id);
+/// # Ok::<(), pto_core::RegistryError>(())
+/// ```
+#[derive(Clone, Default)]
+pub struct KernelRegistry {
+    kernels: Vec<Arc<Kernel>>,
+    names: FxHashMap<String, KernelId>,
+}
+
+impl fmt::Debug for KernelRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.kernels.iter()).finish()
+    }
+}
+
+impl KernelRegistry {
+    /// An empty registry.
+    pub fn new() -> KernelRegistry {
+        KernelRegistry::default()
+    }
+
+    /// Adds a kernel and returns its id.
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::Duplicate`] when the name is taken.
+    pub fn register<F>(
+        &mut self,
+        name: &str,
+        kind: CoreKind,
+        f: F,
+    ) -> Result<KernelId, RegistryError>
+    where
+        F: Fn(&KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static,
+    {
+        if self.names.contains_key(name) {
+            return Err(RegistryError::Duplicate(name.to_string()));
+        }
+        let id = KernelId(self.kernels.len() as u32);
+        self.kernels.push(Arc::new(Kernel {
+            name: name.to_string(),
+            id,
+            kind,
+            func: Arc::new(f),
+        }));
+        self.names.insert(name.to_string(), id);
+        Ok(id)
+    }
+
+    /// The kernel named `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::Unknown`].
+    pub fn lookup(&self, name: &str) -> Result<&Arc<Kernel>, RegistryError> {
+        self.names
+            .get(name)
+            .and_then(|id| self.kernels.get(id.0 as usize))
+            .ok_or_else(|| RegistryError::Unknown(format!("{name:?}")))
+    }
+
+    /// The kernel with id `id`.
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::Unknown`].
+    pub fn get(&self, id: KernelId) -> Result<&Arc<Kernel>, RegistryError> {
+        self.kernels
+            .get(id.0 as usize)
+            .ok_or_else(|| RegistryError::Unknown(format!("with id {}", id.0)))
+    }
+
+    /// Every kernel, in id order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Kernel>> {
+        self.kernels.iter()
+    }
+
+    /// Number of kernels.
+    pub fn len(&self) -> usize {
+        self.kernels.len()
+    }
+
+    /// True when no kernel is registered.
+    pub fn is_empty(&self) -> bool {
+        self.kernels.is_empty()
+    }
+}
+
+/// Something that names a kernel: its name or its id.
+pub trait KernelRef {
+    /// Finds the kernel in `reg`.
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::Unknown`].
+    fn resolve<'r>(&self, reg: &'r KernelRegistry) -> Result<&'r Arc<Kernel>, RegistryError>;
+}
+
+impl KernelRef for &str {
+    fn resolve<'r>(&self, reg: &'r KernelRegistry) -> Result<&'r Arc<Kernel>, RegistryError> {
+        reg.lookup(self)
+    }
+}
+
+impl KernelRef for KernelId {
+    fn resolve<'r>(&self, reg: &'r KernelRegistry) -> Result<&'r Arc<Kernel>, RegistryError> {
+        reg.get(*self)
+    }
+}
+
+/// A task's arguments after submission: runtime outputs allocated, modes fixed.
+#[derive(Debug)]
+pub(crate) struct Payload {
+    pub(crate) tensors: Vec<(Tensor, ArgMode)>,
+    pub(crate) scalars: Vec<Scalar>,
+    pub(crate) block_num: u32,
+    pub(crate) inits: SmallVec<[(usize, OutInit); 2]>,
+}
+
+/// The range of `0..len` that block `block` of `blocks` owns: near-equal contiguous shares.
+pub fn block_range(len: usize, block: u32, blocks: u32) -> Range<usize> {
+    let (b, n) = (block as usize, blocks.max(1) as usize);
+    (len * b / n)..(len * (b + 1) / n)
+}
+
+/// What a kernel sees: its typed arguments, its block, its core. Kernels never touch raw
+/// pointers; every access is checked (index, mode, dtype, SPMD overlap).
+pub struct KernelCtx<'a> {
+    pub(crate) task: TaskId,
+    pub(crate) kernel: &'a Kernel,
+    pub(crate) core: CoreId,
+    pub(crate) block_idx: u32,
+    pub(crate) payload: &'a Payload,
+    pub(crate) token: u64,
+    pub(crate) flags: SmallVec<[Cell<isize>; 8]>,
+    pub(crate) ext: Option<&'a (dyn Any + Send + Sync)>,
+}
+
+impl fmt::Debug for KernelCtx<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KernelCtx")
+            .field("task", &self.task)
+            .field("kernel", &self.kernel.name)
+            .field("core", &self.core)
+            .field("block", &(self.block_idx, self.payload.block_num))
+            .finish()
+    }
+}
+
+impl<'a> KernelCtx<'a> {
+    /// The task being run.
+    pub fn task(&self) -> TaskId {
+        self.task
+    }
+    /// The kernel's name.
+    pub fn kernel_name(&self) -> &str {
+        &self.kernel.name
+    }
+    /// The logical core (or cluster) running this block.
+    pub fn core(&self) -> CoreId {
+        self.core
+    }
+    /// This block's index in `0..block_num()`.
+    pub fn block_idx(&self) -> u32 {
+        self.block_idx
+    }
+    /// The task's SPMD width.
+    pub fn block_num(&self) -> u32 {
+        self.payload.block_num
+    }
+    /// This block's share of `0..len`.
+    pub fn block_range(&self, len: usize) -> Range<usize> {
+        block_range(len, self.block_idx, self.payload.block_num)
+    }
+    /// Number of tensor arguments.
+    pub fn num_tensors(&self) -> usize {
+        self.payload.tensors.len()
+    }
+    /// Number of scalar arguments.
+    pub fn num_scalars(&self) -> usize {
+        self.payload.scalars.len()
+    }
+    /// The extension object the chip was built with (for example a communication context), if
+    /// it has type `E`.
+    pub fn ext<E: Any>(&self) -> Option<&'a E> {
+        self.ext.and_then(|e| e.downcast_ref::<E>())
+    }
+
+    pub(crate) fn arg(&self, index: usize) -> Result<&'a (Tensor, ArgMode), KernelError> {
+        self.payload
+            .tensors
+            .get(index)
+            .ok_or(KernelError::ArgIndex {
+                what: "tensor",
+                index,
+                count: self.payload.tensors.len(),
+            })
+    }
+
+    /// Tensor argument `index`'s metadata (shape, dtype, strides), without borrowing its data.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::ArgIndex`].
+    pub fn tensor(&self, index: usize) -> Result<&'a Tensor, KernelError> {
+        Ok(&self.arg(index)?.0)
+    }
+
+    /// Tensor argument `index`'s mode.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::ArgIndex`].
+    pub fn mode(&self, index: usize) -> Result<ArgMode, KernelError> {
+        Ok(self.arg(index)?.1)
+    }
+
+    pub(crate) fn chunk_region(&self, t: &Tensor) -> Region {
+        let mut r = *t.region();
+        let range = self.block_range(r.shape[0]);
+        if !range.is_empty() {
+            r.offset += range.start * r.strides[0];
+        }
+        r.shape[0] = range.len();
+        r
+    }
+
+    /// Reads tensor argument `index` (mode IN, INOUT or NO_DEP) as elements of type `T`.
+    ///
+    /// # Errors
+    ///
+    /// A bad index or mode, a dtype other than `T`'s, a writable argument of an SPMD task
+    /// (use [`KernelCtx::input_chunk`]), or a live mutable view of the same argument.
+    pub fn input<T: Element>(&self, index: usize) -> Result<TensorRef<'_, T>, KernelError> {
+        self.read_view(index, false)
+    }
+
+    /// Writes tensor argument `index` (mode OUT, INOUT, OUTPUT_EXISTING or NO_DEP).
+    ///
+    /// # Errors
+    ///
+    /// A bad index or mode, a dtype other than `T`'s, an SPMD task (use
+    /// [`KernelCtx::output_chunk`]), or another live view of the same argument.
+    pub fn output<T: Element>(&self, index: usize) -> Result<TensorMut<'_, T>, KernelError> {
+        self.write_view(index, false)
+    }
+
+    /// Reads this block's chunk of tensor argument `index`: rows [`KernelCtx::block_range`] of
+    /// dimension 0.
+    ///
+    /// # Errors
+    ///
+    /// As [`KernelCtx::input`], without the SPMD restriction.
+    pub fn input_chunk<T: Element>(&self, index: usize) -> Result<TensorRef<'_, T>, KernelError> {
+        self.read_view(index, true)
+    }
+
+    /// Writes this block's chunk of tensor argument `index`: rows [`KernelCtx::block_range`] of
+    /// dimension 0.
+    ///
+    /// # Errors
+    ///
+    /// As [`KernelCtx::output`], without the SPMD restriction.
+    pub fn output_chunk<T: Element>(&self, index: usize) -> Result<TensorMut<'_, T>, KernelError> {
+        self.write_view(index, true)
+    }
+
+    /// Scalar argument `index` as `T`.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::ArgIndex`] or [`KernelError::ScalarType`].
+    pub fn scalar<T: Element>(&self, index: usize) -> Result<T, KernelError> {
+        let s = self
+            .payload
+            .scalars
+            .get(index)
+            .ok_or(KernelError::ArgIndex {
+                what: "scalar",
+                index,
+                count: self.payload.scalars.len(),
+            })?;
+        s.get::<T>().ok_or(KernelError::ScalarType {
+            index,
+            expected: T::DTYPE,
+            actual: s.dtype,
+        })
+    }
+}

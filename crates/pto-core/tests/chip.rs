@@ -1,0 +1,594 @@
+//! End-to-end behaviour of the chip runtime: dependencies, scopes and rings, SPMD, failures,
+//! traces. Results are checked against values computed independently in the test.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pto_core::{
+    ArgMode, Chip, CoreKind, DType, KernelError, KernelRegistry, OrchError, Program, RunError,
+    RunOptions, TaskArgs, Tensor, TensorError,
+};
+
+fn kernels() -> KernelRegistry {
+    let mut k = KernelRegistry::new();
+    // t0 (INOUT i64) += s0
+    k.register("add_scalar", CoreKind::Aiv, |ctx| {
+        let v = ctx.scalar::<i64>(0)?;
+        ctx.output::<i64>(0)?.for_each_mut(|x| *x += v);
+        Ok(())
+    })
+    .unwrap();
+    // t1 = t0 * 2 + s0 (after sleeping s1 ms)
+    k.register("affine", CoreKind::Aiv, |ctx| {
+        let b = ctx.scalar::<i64>(0)?;
+        let ms = ctx.scalar::<u64>(1).unwrap_or(0);
+        std::thread::sleep(Duration::from_millis(ms));
+        let x = ctx.input::<i64>(0)?.to_vec();
+        ctx.output::<i64>(1)?.assign(&x.iter().map(|v| v * 2 + b).collect::<Vec<_>>())?;
+        Ok(())
+    })
+    .unwrap();
+    // t0 = s0 everywhere (after sleeping s1 ms)
+    k.register("fill", CoreKind::Aiv, |ctx| {
+        let v = ctx.scalar::<i64>(0)?;
+        std::thread::sleep(Duration::from_millis(ctx.scalar::<u64>(1).unwrap_or(0)));
+        ctx.output::<i64>(0)?.fill(v);
+        Ok(())
+    })
+    .unwrap();
+    k.register("matmul_like", CoreKind::Aic, |ctx| {
+        let x = ctx.input::<f32>(0)?.to_vec();
+        ctx.output::<f32>(1)?.assign(&x.iter().map(|v| v * 10.0).collect::<Vec<_>>())?;
+        Ok(())
+    })
+    .unwrap();
+    k.register("mix", CoreKind::Mix, |ctx| {
+        ctx.output::<i64>(0)?.fill(i64::from(ctx.core().index) + 100);
+        Ok(())
+    })
+    .unwrap();
+    // SPMD: each block writes its index into its chunk.
+    k.register("spmd_idx", CoreKind::Aiv, |ctx| {
+        let b = i64::from(ctx.block_idx());
+        ctx.output_chunk::<i64>(0)?.fill(b);
+        Ok(())
+    })
+    .unwrap();
+    k.register("boom", CoreKind::Aiv, |_ctx| panic!("kernel exploded"))
+        .unwrap();
+    k.register("refuse", CoreKind::Aiv, |_ctx| Err(KernelError::msg("refused on purpose")))
+        .unwrap();
+    k.register("read_as_f64", CoreKind::Aiv, |ctx| {
+        ctx.input::<f64>(0)?;
+        Ok(())
+    })
+    .unwrap();
+    k.register("nop", CoreKind::Aiv, |_ctx| Ok(())).unwrap();
+    k
+}
+
+fn chip() -> Chip {
+    Chip::builder()
+        .aic_cores(1)
+        .aiv_cores(2)
+        .threads(2)
+        .wait_timeout(Duration::from_secs(10))
+        .stall_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+fn program(
+    f: impl Fn(&mut pto_core::Orch<'_>) -> Result<(), OrchError> + Send + Sync + 'static,
+) -> Program {
+    Program::new("test", kernels(), f)
+}
+
+#[test]
+fn read_after_write_chain_is_serial() {
+    let cell = Tensor::zeros(&[1], DType::I64).unwrap();
+    let c = cell.clone();
+    let report = chip()
+        .run(&program(move |o| {
+            for i in 0..2000 {
+                o.submit("add_scalar", TaskArgs::new().inout(&c).scalar(i as i64))?;
+            }
+            Ok(())
+        }))
+        .unwrap();
+    assert_eq!(cell.read::<i64>().unwrap(), vec![(0..2000).sum::<i64>()]);
+    assert_eq!(report.stats.tasks, 2000);
+    assert_eq!(report.stats.edges, 1999);
+}
+
+#[test]
+fn write_after_read_waits_for_the_slow_reader() {
+    // The reader sleeps; the writer must not overwrite x before the reader copied it.
+    let x = Tensor::from_slice(&[4], &[1i64, 2, 3, 4]).unwrap();
+    let snap = Tensor::zeros(&[4], DType::I64).unwrap();
+    let (xx, ss) = (x.clone(), snap.clone());
+    chip()
+        .run(&program(move |o| {
+            o.submit(
+                "affine",
+                TaskArgs::new().input(&xx).output_existing(&ss).scalar(0i64).scalar(50u64),
+            )?;
+            o.submit("fill", TaskArgs::new().output_existing(&xx).scalar(-1i64).scalar(0u64))?;
+            Ok(())
+        }))
+        .unwrap();
+    assert_eq!(snap.read::<i64>().unwrap(), vec![2, 4, 6, 8]);
+    assert_eq!(x.read::<i64>().unwrap(), vec![-1; 4]);
+}
+
+#[test]
+fn write_after_write_keeps_submission_order() {
+    let x = Tensor::zeros(&[64], DType::I64).unwrap();
+    let xx = x.clone();
+    chip()
+        .run(&program(move |o| {
+            for i in 0..50u64 {
+                // Early writers sleep longer: without WAW ordering the last value would be wrong.
+                let ms = if i < 3 { 20 } else { 0 };
+                o.submit(
+                    "fill",
+                    TaskArgs::new().output_existing(&xx).scalar(i as i64).scalar(ms),
+                )?;
+            }
+            Ok(())
+        }))
+        .unwrap();
+    assert_eq!(x.read::<i64>().unwrap(), vec![49; 64]);
+}
+
+#[test]
+fn disjoint_views_run_in_parallel_and_land_in_place() {
+    let m = Tensor::zeros(&[4, 8], DType::I64).unwrap();
+    let mm = m.clone();
+    chip()
+        .run(&program(move |o| {
+            for c in 0..4 {
+                let col = mm.view(&[4, 2], &[0, 2 * c])?;
+                o.submit("fill", TaskArgs::new().output_existing(&col).scalar(c as i64).scalar(5u64))?;
+            }
+            Ok(())
+        }))
+        .unwrap();
+    let v = m.read::<i64>().unwrap();
+    for r in 0..4 {
+        for c in 0..8 {
+            assert_eq!(v[r * 8 + c], (c / 2) as i64);
+        }
+    }
+}
+
+#[test]
+fn runtime_outputs_flow_between_tasks_and_read_waits() {
+    let x = Tensor::from_slice(&[3], &[1i64, 2, 3]).unwrap();
+    let got = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let g = got.clone();
+    chip()
+        .run(&program(move |o| {
+            let y = o
+                .submit(
+                    "affine",
+                    TaskArgs::new().input(&x).output(&[3], DType::I64).scalar(1i64).scalar(20u64),
+                )?
+                .out(0)?;
+            let z = o
+                .submit("affine", TaskArgs::new().input(&y).output(&[3], DType::I64).scalar(0i64))?
+                .out(0)?;
+            *g.lock() = o.read::<i64>(&z)?;
+            Ok(())
+        }))
+        .unwrap();
+    assert_eq!(*got.lock(), vec![6, 10, 14]);
+}
+
+#[test]
+fn scopes_recycle_ring_memory_under_back_pressure() {
+    // 64 KiB per ring; each task allocates 8 KiB; 1000 tasks only fit because scopes end.
+    let chip = Chip::builder()
+        .aic_cores(1)
+        .aiv_cores(2)
+        .threads(2)
+        .ring_heap_bytes(64 << 10)
+        .ring_task_window(16)
+        .build()
+        .unwrap();
+    let acc = Tensor::zeros(&[1024], DType::I64).unwrap();
+    let a = acc.clone();
+    let report = chip
+        .run(&program(move |o| {
+            for i in 0..200 {
+                o.scope(|o| {
+                    let t = o
+                        .submit(
+                            "affine",
+                            TaskArgs::new().input(&a).output(&[1024], DType::I64).scalar(i as i64),
+                        )?
+                        .out(0)?;
+                    for _ in 0..4 {
+                        o.submit("affine", TaskArgs::new().input(&t).output(&[1024], DType::I64).scalar(0i64))?;
+                    }
+                    Ok(())
+                })?;
+            }
+            Ok(())
+        }))
+        .unwrap();
+    assert_eq!(report.stats.tasks, 1000);
+    assert!(report.stats.peak_ring_bytes <= 64 << 10);
+    assert!(report.stats.peak_ring_tasks < 16);
+}
+
+#[test]
+fn a_scope_larger_than_its_ring_is_a_named_deadlock() {
+    let chip = Chip::builder().aiv_cores(2).aic_cores(0).ring_task_window(8).build().unwrap();
+    let err = chip
+        .run(&program(|o| {
+            o.scope(|o| {
+                for _ in 0..100 {
+                    o.submit("nop", TaskArgs::new().output(&[4], DType::F32))?;
+                }
+                Ok(())
+            })
+        }))
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(&err, RunError::Orchestration(OrchError::ScopeDeadlock { depth: 1, ring: 1, .. })),
+        "{msg}"
+    );
+    assert!(msg.contains("depth 1"), "{msg}");
+    // The chip is still usable.
+    chip.run(&program(|o| o.submit("nop", TaskArgs::new()).map(|_| ()))).unwrap();
+}
+
+#[test]
+fn an_output_larger_than_the_ring_is_an_error() {
+    let chip = Chip::builder().ring_heap_bytes(1024).build().unwrap();
+    let err = chip
+        .run(&program(|o| {
+            o.submit("nop", TaskArgs::new().output(&[1024], DType::F32)).map(|_| ())
+        }))
+        .unwrap_err();
+    assert!(
+        matches!(err, RunError::Orchestration(OrchError::OutputTooLarge { bytes: 4096, capacity: 1024, .. })),
+        "{err}"
+    );
+}
+
+#[test]
+fn dummy_tasks_join_dependencies() {
+    let x = Tensor::zeros(&[2], DType::I64).unwrap();
+    let y = Tensor::zeros(&[2], DType::I64).unwrap();
+    let (xx, yy) = (x.clone(), y.clone());
+    chip()
+        .run(&program(move |o| {
+            let a = o.submit("fill", TaskArgs::new().output_existing(&xx).scalar(7i64).scalar(30u64))?;
+            let d = o.submit_dummy(TaskArgs::new().after(a.task))?;
+            // Manual scope: only the explicit dependency on the dummy orders this after `a`.
+            o.manual_scope(|o| {
+                o.submit("affine", TaskArgs::new().no_dep(&xx).output_existing(&yy).scalar(0i64).after(d.task))
+            })?;
+            Ok(())
+        }))
+        .unwrap();
+    assert_eq!(y.read::<i64>().unwrap(), vec![14, 14]);
+}
+
+#[test]
+fn spmd_blocks_write_their_own_chunks() {
+    let out = Tensor::zeros(&[10, 3], DType::I64).unwrap();
+    let oo = out.clone();
+    let report = chip()
+        .run(&program(move |o| {
+            o.submit("spmd_idx", TaskArgs::new().output_existing(&oo).blocks(4))?;
+            Ok(())
+        }))
+        .unwrap();
+    assert_eq!(report.stats.blocks, 4);
+    let v = out.read::<i64>().unwrap();
+    let expect: Vec<i64> = (0..10)
+        .flat_map(|r| {
+            let b = (0..4).find(|&b| pto_core::block_range(10, b, 4).contains(&r)).unwrap();
+            [i64::from(b); 3]
+        })
+        .collect();
+    assert_eq!(v, expect);
+}
+
+#[test]
+fn spmd_blocks_cannot_share_a_writable_tensor() {
+    let mut k = kernels();
+    k.register("bad_spmd", CoreKind::Aiv, |ctx| {
+        ctx.output::<i64>(0)?;
+        Ok(())
+    })
+    .unwrap();
+    let out = Tensor::zeros(&[4], DType::I64).unwrap();
+    let err = chip()
+        .run(&Program::new("t", k, move |o| {
+            o.submit("bad_spmd", TaskArgs::new().output_existing(&out).blocks(2)).map(|_| ())
+        }))
+        .unwrap_err();
+    assert!(err.to_string().contains("output_chunk"), "{err}");
+}
+
+#[test]
+fn mix_and_aic_kernels_run_on_their_cores() {
+    let x = Tensor::from_slice(&[2], &[1.0f32, 2.0]).unwrap();
+    let m = Tensor::zeros(&[1], DType::I64).unwrap();
+    let mm = m.clone();
+    let res = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let r = res.clone();
+    let report = chip()
+        .run_with(
+            &program(move |o| {
+                let y = o.submit("matmul_like", TaskArgs::new().input(&x).output(&[2], DType::F32))?.out(0)?;
+                o.submit("mix", TaskArgs::new().output_existing(&mm))?;
+                *r.lock() = o.read::<f32>(&y)?;
+                Ok(())
+            }),
+            RunOptions { trace: true },
+        )
+        .unwrap();
+    assert_eq!(*res.lock(), vec![10.0, 20.0]);
+    assert_eq!(m.read::<i64>().unwrap(), vec![100]);
+    let trace = report.trace.unwrap();
+    let mut kinds: Vec<String> = trace.events.iter().map(|e| e.core.to_string()).collect();
+    kinds.sort();
+    assert_eq!(kinds, vec!["AIC0", "MIX0"]);
+}
+
+#[test]
+fn a_panicking_kernel_fails_its_task_and_poisons_downstream() {
+    let chip = chip();
+    let x = Tensor::zeros(&[4], DType::I64).unwrap();
+    let independent = Tensor::zeros(&[1], DType::I64).unwrap();
+    let (xx, ii) = (x.clone(), independent.clone());
+    let ran_after = Arc::new(AtomicUsize::new(0));
+    let err = chip
+        .run(&program(move |o| {
+            let bad = o.submit("boom", TaskArgs::new().output_existing(&xx))?;
+            // Three tasks downstream (by data and explicitly), one independent.
+            let y = o.submit("affine", TaskArgs::new().input(&xx).output(&[4], DType::I64).scalar(0i64))?.out(0)?;
+            o.submit("affine", TaskArgs::new().input(&y).output(&[4], DType::I64).scalar(0i64))?;
+            o.submit("nop", TaskArgs::new().after(bad.task))?;
+            o.submit("fill", TaskArgs::new().output_existing(&ii).scalar(5i64))?;
+            // Reading poisoned data names the failure.
+            match o.read::<i64>(&y) {
+                Err(OrchError::Poisoned { cause, .. }) => assert!(cause.contains("kernel exploded")),
+                other => panic!("expected a poisoned read, got {other:?}"),
+            }
+            Ok(())
+        }))
+        .unwrap_err();
+    ran_after.fetch_add(1, Ordering::Relaxed);
+    match &err {
+        RunError::TaskFailed { failure, failed, poisoned } => {
+            assert_eq!(failure.kernel, "boom");
+            assert_eq!(failure.task.get(), 0);
+            assert!(failure.message.contains("kernel exploded"));
+            assert!(failure.core.is_some_and(|c| c.kind == CoreKind::Aiv));
+            assert_eq!((*failed, *poisoned), (1, 3));
+        }
+        other => panic!("unexpected {other}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains("boom") && msg.contains("#0") && msg.contains("AIV"), "{msg}");
+    assert_eq!(independent.read::<i64>().unwrap(), vec![5]);
+    // The chip stays usable.
+    let c = Tensor::zeros(&[1], DType::I64).unwrap();
+    let cc = c.clone();
+    chip.run(&program(move |o| o.submit("add_scalar", TaskArgs::new().inout(&cc).scalar(3i64)).map(|_| ())))
+        .unwrap();
+    assert_eq!(c.read::<i64>().unwrap(), vec![3]);
+}
+
+#[test]
+fn poison_reaches_later_readers_of_a_retired_failed_writer() {
+    let x = Tensor::zeros(&[4], DType::I64).unwrap();
+    let out = Tensor::zeros(&[4], DType::I64).unwrap();
+    let (xx, oo) = (x.clone(), out.clone());
+    let err = chip()
+        .run(&program(move |o| {
+            o.scope(|o| o.submit("refuse", TaskArgs::new().output_existing(&xx)).map(|_| ()))?;
+            // Let the failed task retire, then read what it should have written.
+            std::thread::sleep(Duration::from_millis(50));
+            o.submit("affine", TaskArgs::new().input(&xx).output_existing(&oo).scalar(1i64))?;
+            Ok(())
+        }))
+        .unwrap_err();
+    assert!(matches!(err, RunError::TaskFailed { poisoned: 1, failed: 1, .. }), "{err}");
+    assert!(err.to_string().contains("refused on purpose"));
+    assert_eq!(out.read::<i64>().unwrap(), vec![0; 4]);
+}
+
+#[test]
+fn bad_kernel_accesses_are_errors() {
+    let x = Tensor::zeros(&[4], DType::F32).unwrap();
+    let xx = x.clone();
+    let err = chip()
+        .run(&program(move |o| o.submit("read_as_f64", TaskArgs::new().input(&xx)).map(|_| ())))
+        .unwrap_err();
+    assert!(err.to_string().contains("dtype f32, accessed as f64"), "{err}");
+
+    let err = chip()
+        .run(&program(|o| o.submit("read_as_f64", TaskArgs::new()).map(|_| ())))
+        .unwrap_err();
+    assert!(err.to_string().contains("tensor argument 0 out of range: the task has 0"), "{err}");
+
+    // `add_scalar` reads scalar 0 as i64; give it an f32.
+    let y = Tensor::zeros(&[1], DType::I64).unwrap();
+    let err = chip()
+        .run(&program(move |o| o.submit("add_scalar", TaskArgs::new().inout(&y).scalar(1.0f32)).map(|_| ())))
+        .unwrap_err();
+    assert!(err.to_string().contains("scalar argument 0 is f32, read as i64"), "{err}");
+
+    // Writing an IN argument.
+    let z = Tensor::zeros(&[1], DType::I64).unwrap();
+    let err = chip()
+        .run(&program(move |o| {
+            o.submit("fill", TaskArgs::new().tensor(&z, ArgMode::In).scalar(1i64)).map(|_| ())
+        }))
+        .unwrap_err();
+    assert!(err.to_string().contains("is IN and cannot be written"), "{err}");
+}
+
+#[test]
+fn bad_submissions_are_errors_and_lose_nothing() {
+    let x = Tensor::zeros(&[8], DType::I64).unwrap();
+    let xx = x.clone();
+    let err = chip()
+        .run(&program(move |o| {
+            let a = xx.view(&[4], &[0])?;
+            let b = xx.view(&[4], &[2])?;
+            o.submit("affine", TaskArgs::new().input(&a).output_existing(&b).scalar(0i64)).map(|_| ())
+        }))
+        .unwrap_err();
+    assert!(err.to_string().contains("overlap and one is written"), "{err}");
+    let err = chip()
+        .run(&program(|o| o.submit("no_such_kernel", TaskArgs::new()).map(|_| ())))
+        .unwrap_err();
+    assert!(err.to_string().contains("no_such_kernel"), "{err}");
+    let err = chip()
+        .run(&program(|o| o.submit("nop", TaskArgs::new().blocks(0)).map(|_| ())))
+        .unwrap_err();
+    assert!(err.to_string().contains("block count"), "{err}");
+    let err = chip()
+        .run(&program(|o| o.submit("nop", TaskArgs::new().output(&[2; 6], DType::F32)).map(|_| ())))
+        .unwrap_err();
+    assert!(err.to_string().contains("1 to 5 dimensions"), "{err}");
+    let no_aic = Chip::builder().aic_cores(0).aiv_cores(1).build().unwrap();
+    let err = no_aic
+        .run(&program(|o| o.submit("matmul_like", TaskArgs::new()).map(|_| ())))
+        .unwrap_err();
+    assert!(err.to_string().contains("needs a AIC core"), "{err}");
+    assert!(Chip::builder().aic_cores(0).aiv_cores(0).build().is_err());
+    assert!(Chip::builder().ring_task_window(2).build().is_err());
+}
+
+#[test]
+fn untracked_writers_that_collide_fail_instead_of_racing() {
+    let x = Tensor::zeros(&[4], DType::I64).unwrap();
+    let xx = x.clone();
+    let err = chip()
+        .run(&program(move |o| {
+            o.manual_scope(|o| {
+                o.submit("fill", TaskArgs::new().output_existing(&xx).scalar(1i64).scalar(200u64))?;
+                std::thread::sleep(Duration::from_millis(50));
+                o.submit("fill", TaskArgs::new().output_existing(&xx).scalar(2i64).scalar(0u64))
+            })?;
+            Ok(())
+        }))
+        .unwrap_err();
+    assert!(err.to_string().contains("data race"), "{err}");
+    assert_eq!(x.read::<i64>().unwrap(), vec![1; 4]);
+}
+
+#[test]
+fn a_stale_output_handle_is_an_error() {
+    let x = Tensor::from_slice(&[2], &[1i64, 2]).unwrap();
+    let err = chip()
+        .run(&program(move |o| {
+            let y = o.scope(|o| {
+                o.submit("affine", TaskArgs::new().input(&x).output(&[2], DType::I64).scalar(0i64))?
+                    .out(0)
+            })?;
+            // Wait until the scope's task retired, then use its output.
+            std::thread::sleep(Duration::from_millis(50));
+            o.submit("affine", TaskArgs::new().input(&y).output(&[2], DType::I64).scalar(0i64))
+                .map(|_| ())
+        }))
+        .unwrap_err();
+    assert!(
+        matches!(err, RunError::Orchestration(OrchError::Tensor(TensorError::Stale { .. }))),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_trace_records_every_block_as_chrome_json() {
+    let x = Tensor::zeros(&[8, 2], DType::I64).unwrap();
+    let xx = x.clone();
+    let report = chip()
+        .run_with(
+            &program(move |o| {
+                o.submit("spmd_idx", TaskArgs::new().output_existing(&xx).blocks(3))?;
+                o.submit("add_scalar", TaskArgs::new().inout(&xx).scalar(1i64))?;
+                Ok(())
+            }),
+            RunOptions { trace: true },
+        )
+        .unwrap();
+    let trace = report.trace.unwrap();
+    assert_eq!(trace.events.len(), 4);
+    let last = trace.events.iter().find(|e| &*e.kernel == "add_scalar").unwrap();
+    assert_eq!(last.deps.len(), 1);
+    for e in &trace.events {
+        assert!(e.end_us >= e.start_us);
+    }
+    let json = trace.to_chrome_json();
+    let evs = json["traceEvents"].as_array().unwrap();
+    assert_eq!(evs.iter().filter(|e| e["ph"] == "X").count(), 4);
+    assert!(evs.iter().any(|e| e["ph"] == "M" && e["name"] == "thread_name"));
+    // Off by default.
+    assert!(chip().run(&program(|_| Ok(()))).unwrap().trace.is_none());
+}
+
+#[test]
+fn a_kernel_that_never_returns_is_reported_and_drop_does_not_hang() {
+    let mut k = KernelRegistry::new();
+    k.register("hang", CoreKind::Aiv, |_| {
+        std::thread::sleep(Duration::from_secs(3));
+        Ok(())
+    })
+    .unwrap();
+    let chip = Chip::builder()
+        .aiv_cores(1)
+        .aic_cores(0)
+        .threads(1)
+        .stall_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let err = chip
+        .run(&Program::new("hang", k, |o| o.submit("hang", TaskArgs::new()).map(|_| ())))
+        .unwrap_err();
+    assert!(matches!(&err, RunError::Stalled { running, .. } if running.contains("hang")), "{err}");
+    assert!(chip.broken().is_some());
+    assert!(matches!(chip.run(&program(|_| Ok(()))), Err(RunError::Broken(_))));
+    let t = std::time::Instant::now();
+    drop(chip);
+    assert!(t.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn an_orchestration_error_or_panic_is_reported() {
+    let chip = chip();
+    let err = chip.run(&program(|_| Err(OrchError::msg("bad plan")))).unwrap_err();
+    assert_eq!(err.to_string(), "orchestration failed: bad plan");
+    let err = chip.run(&program(|_| panic!("orchestrator fell over"))).unwrap_err();
+    assert!(err.to_string().contains("orchestrator fell over"), "{err}");
+    chip.run(&program(|_| Ok(()))).unwrap();
+}
+
+#[test]
+fn many_programs_in_a_row_and_one_thread_for_many_cores() {
+    let chip = Chip::builder().aic_cores(4).aiv_cores(8).threads(1).build().unwrap();
+    for round in 0..20i64 {
+        let x = Tensor::zeros(&[16], DType::I64).unwrap();
+        let xx = x.clone();
+        chip.run(&program(move |o| {
+            for i in 0..16 {
+                let e = xx.view(&[1], &[i])?;
+                o.submit("fill", TaskArgs::new().output_existing(&e).scalar(round * 100 + i as i64))?;
+            }
+            Ok(())
+        }))
+        .unwrap();
+        assert_eq!(x.read::<i64>().unwrap(), (0..16).map(|i| round * 100 + i).collect::<Vec<_>>());
+    }
+}
