@@ -53,8 +53,14 @@ pub unsafe trait ExternalMemory: Send + Sync + 'static {
 }
 
 enum Memory {
-    /// Zero-initialised memory from the global allocator.
-    Heap { ptr: NonNull<u8>, layout: Layout },
+    /// Zero-initialised memory from the global allocator: `base` is `ptr` rounded up to
+    /// [`BUFFER_ALIGN`] (the allocation is over-sized by that much, with malloc's alignment, so
+    /// that large buffers come from `calloc` and their pages are zeroed lazily by the OS).
+    Heap {
+        ptr: NonNull<u8>,
+        base: *mut u8,
+        layout: Layout,
+    },
     /// Zero bytes: no allocation.
     Empty,
     External(Box<dyn ExternalMemory>),
@@ -63,7 +69,7 @@ enum Memory {
 impl Memory {
     fn ptr(&self) -> *mut u8 {
         match self {
-            Memory::Heap { ptr, .. } => ptr.as_ptr(),
+            Memory::Heap { base, .. } => *base,
             Memory::Empty => NonNull::<u64>::dangling().as_ptr().cast(),
             Memory::External(m) => m.as_ptr(),
         }
@@ -72,7 +78,7 @@ impl Memory {
 
 impl Drop for Memory {
     fn drop(&mut self) {
-        if let Memory::Heap { ptr, layout } = self {
+        if let Memory::Heap { ptr, layout, .. } = self {
             // SAFETY: `ptr` came from `alloc_zeroed(layout)` in `Buffer::zeroed` and is freed
             // exactly once, here.
             unsafe { std::alloc::dealloc(ptr.as_ptr(), *layout) }
@@ -147,12 +153,19 @@ impl Buffer {
         let mem = if len == 0 {
             Memory::Empty
         } else {
+            let padded = len
+                .checked_add(BUFFER_ALIGN)
+                .ok_or(AllocError { bytes: len })?;
             let layout =
-                Layout::from_size_align(len, BUFFER_ALIGN).map_err(|_| AllocError { bytes: len })?;
+                Layout::from_size_align(padded, 16).map_err(|_| AllocError { bytes: len })?;
             // SAFETY: `layout` has a non-zero size (len > 0 checked above).
             let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
             let ptr = NonNull::new(ptr).ok_or(AllocError { bytes: len })?;
-            Memory::Heap { ptr, layout }
+            let skip = ptr.as_ptr().align_offset(BUFFER_ALIGN);
+            // SAFETY: `skip < BUFFER_ALIGN`, so `base .. base + len` lies inside the `padded`
+            // bytes just allocated.
+            let base = unsafe { ptr.as_ptr().add(skip) };
+            Memory::Heap { ptr, base, layout }
         };
         Ok(Self::from_memory(len, mem))
     }
@@ -266,7 +279,12 @@ impl BorrowSet {
 
 impl fmt::Debug for BorrowSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "BorrowSet(token {}, {} buffers)", self.token, self.buffers.len())
+        write!(
+            f,
+            "BorrowSet(token {}, {} buffers)",
+            self.token,
+            self.buffers.len()
+        )
     }
 }
 

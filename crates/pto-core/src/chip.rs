@@ -269,11 +269,15 @@ struct Shared {
 }
 
 impl Shared {
-    /// After queuing work: wake a parked thread if one is needed, and let spinners see it.
+    /// After queuing work: if a block could be dispatched now, let spinning threads see it and
+    /// wake a parked one. Nothing happens when there is nothing to take, so idle threads stay
+    /// parked while one thread runs a serial chain.
     fn kick(&self, st: &ChipState) {
-        self.hint.fetch_add(1, Ordering::Release);
-        if st.sleeping > 0 && st.dag.as_ref().is_some_and(Dag::has_dispatchable) {
-            self.work_cv.notify_one();
+        if st.dag.as_ref().is_some_and(Dag::has_dispatchable) {
+            self.hint.fetch_add(1, Ordering::Release);
+            if st.sleeping > 0 {
+                self.work_cv.notify_one();
+            }
         }
     }
 }
@@ -332,7 +336,9 @@ fn execute(shared: &Shared, job: &Job) -> (Result<(), String>, Option<(f64, f64)
         block_idx: job.block,
         payload: &job.payload,
         token: job.token,
-        flags: (0..job.payload.tensors.len()).map(|_| Cell::new(0)).collect(),
+        flags: (0..job.payload.tensors.len())
+            .map(|_| Cell::new(0))
+            .collect(),
         ext: shared.ext.as_deref(),
     };
     let result = match catch_unwind(AssertUnwindSafe(|| job.kernel.call(&ctx))) {
@@ -377,7 +383,8 @@ fn worker_main(shared: &Shared) {
                 if let Some(dag) = st.dag.as_mut() {
                     dag.finish_block(&job, result, times);
                 }
-                shared.kick(&st);
+                // No kick here: this thread takes the next block itself; it kicks others only
+                // if more is dispatchable after that.
                 if st.orch_waiting {
                     shared.orch_cv.notify_one();
                 }
@@ -388,7 +395,7 @@ fn worker_main(shared: &Shared) {
         if MutexGuard::unlocked(&mut st, || spin_for(&shared.hint, seen, shared.cfg.spin)) {
             continue;
         }
-        if shared.hint.load(Ordering::Acquire) != seen {
+        if shared.hint.load(Ordering::Acquire) != seen || st.shutdown {
             continue;
         }
         st.sleeping += 1;
@@ -471,8 +478,7 @@ impl Chip {
             dag.end_scope();
         }
         let mut last = (u64::MAX, Instant::now());
-        loop {
-            let Some(dag) = st.dag.as_ref() else { break };
+        while let Some(dag) = st.dag.as_ref() {
             if dag.outstanding == 0 {
                 break;
             }
@@ -628,7 +634,11 @@ impl Orch<'_> {
     ///
     /// An unknown kernel, invalid arguments, a chip without the kernel's core kind, outputs
     /// larger than the ring, a scope deadlock, or a flow-control timeout.
-    pub fn submit(&mut self, kernel: impl KernelRef, args: TaskArgs) -> Result<Submitted, OrchError> {
+    pub fn submit(
+        &mut self,
+        kernel: impl KernelRef,
+        args: TaskArgs,
+    ) -> Result<Submitted, OrchError> {
         let k = kernel.resolve(self.kernels)?.clone();
         self.submit_inner(Some(k), args)
     }
@@ -663,7 +673,10 @@ impl Orch<'_> {
     /// # Errors
     ///
     /// What `f` returns; [`OrchError::AutoInsideManual`] inside a manual scope.
-    pub fn scope<R>(&mut self, f: impl FnOnce(&mut Self) -> Result<R, OrchError>) -> Result<R, OrchError> {
+    pub fn scope<R>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<R, OrchError>,
+    ) -> Result<R, OrchError> {
         self.scoped(false, f)
     }
 
@@ -736,7 +749,10 @@ impl Orch<'_> {
 
     /// The chip's extension object, if it has type `E`.
     pub fn ext<E: Any>(&self) -> Option<&E> {
-        self.shared.ext.as_deref().and_then(|e| e.downcast_ref::<E>())
+        self.shared
+            .ext
+            .as_deref()
+            .and_then(|e| e.downcast_ref::<E>())
     }
 }
 

@@ -77,9 +77,7 @@ impl Settings {
     pub fn from_env() -> Settings {
         Settings {
             wait_timeout: Duration::from_millis(env_u64("PTO_WAIT_TIMEOUT_MS").unwrap_or(30_000)),
-            stall_timeout: Duration::from_millis(
-                env_u64("PTO_STALL_TIMEOUT_MS").unwrap_or(60_000),
-            ),
+            stall_timeout: Duration::from_millis(env_u64("PTO_STALL_TIMEOUT_MS").unwrap_or(60_000)),
             ring_task_window: env_u64("PTO_RING_TASK_WINDOW").map_or(16_384, |v| v as usize),
             ring_heap_bytes: env_u64("PTO_RING_HEAP_BYTES").map_or(64 << 20, |v| v as usize),
             threads: env_u64("PTO_THREADS").map(|v| v as usize),

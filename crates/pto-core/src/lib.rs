@@ -61,7 +61,9 @@ mod view;
 
 pub use args::{ArgMode, OutInit, Scalar, TaskArgs, TaskId};
 pub use buffer::{AllocError, Buffer, ExternalMemory, BUFFER_ALIGN};
-pub use chip::{Chip, ChipBuilder, ChipConfig, Orch, OrchFn, Program, RunOptions, RunReport, Submitted};
+pub use chip::{
+    Chip, ChipBuilder, ChipConfig, Orch, OrchFn, Program, RunOptions, RunReport, Submitted,
+};
 pub use dtype::{Bool, DType, Element};
 pub use engine::RunStats;
 pub use error::{OrchError, RunError, TaskFailure};

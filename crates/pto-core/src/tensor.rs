@@ -254,9 +254,9 @@ impl Region {
         let n = usize::from(self.ndims);
         let mut c = [0; MAX_DIMS];
         let mut o = self.offset;
-        for i in 0..n {
-            c[i] = o / self.strides[i];
-            o %= self.strides[i];
+        for (ci, &s) in c.iter_mut().zip(&self.strides[..n]) {
+            *ci = o / s;
+            o %= s;
         }
         // Injectivity: for every i >= 1, the largest offset reachable in dims i.. stays below
         // the stride of dim i-1.
@@ -516,7 +516,9 @@ impl Tensor {
         }
         let mut r = self.region;
         for i in 0..n {
-            let end = offsets[i].checked_add(shape[i]).ok_or(TensorError::Overflow)?;
+            let end = offsets[i]
+                .checked_add(shape[i])
+                .ok_or(TensorError::Overflow)?;
             if end > self.region.shape[i] {
                 return Err(TensorError::OutOfRange {
                     what: "view",
@@ -618,7 +620,10 @@ impl Tensor {
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor, TensorError> {
         let n = usize::from(self.region.ndims);
         let mut seen = [false; MAX_DIMS];
-        if perm.len() != n || perm.iter().any(|&p| p >= n || std::mem::replace(&mut seen[p], true))
+        if perm.len() != n
+            || perm
+                .iter()
+                .any(|&p| p >= n || std::mem::replace(&mut seen[p], true))
         {
             return Err(TensorError::OutOfRange {
                 what: "permute",

@@ -10,8 +10,8 @@ use std::cell::Cell;
 use std::fmt;
 use std::marker::PhantomData;
 
-use crate::buffer::BorrowSet;
 use crate::args::ArgMode;
+use crate::buffer::BorrowSet;
 use crate::dtype::Element;
 use crate::kernel::{KernelCtx, KernelError};
 use crate::tensor::{Region, Tensor, TensorError};
@@ -187,7 +187,8 @@ impl<'a, T: Element> TensorMut<'a, T> {
         let mut offs = Vec::with_capacity(self.region.numel());
         for_each_offset(&self.region, |o| offs.push(o));
         // SAFETY: each offset lies inside the borrowed region (see `for_each_offset`).
-        offs.into_iter().map(move |o| unsafe { self.ptr.add(o).read() })
+        offs.into_iter()
+            .map(move |o| unsafe { self.ptr.add(o).read() })
     }
 
     /// The elements as one mutable slice, when the view is contiguous.
@@ -312,7 +313,8 @@ impl<'a, T: Element> TensorRef<'a, T> {
         let mut offs = Vec::with_capacity(self.region.numel());
         for_each_offset(&self.region, |o| offs.push(o));
         // SAFETY: each offset lies inside the borrowed region.
-        offs.into_iter().map(move |o| unsafe { self.ptr.add(o).read() })
+        offs.into_iter()
+            .map(move |o| unsafe { self.ptr.add(o).read() })
     }
 }
 
@@ -340,8 +342,8 @@ impl Tensor {
         self.check_live()?;
         let base = self.buffer.base_ptr().cast::<T>();
         let mut v = Vec::with_capacity(self.numel());
-        // SAFETY: we hold a read borrow of the region, which fits the buffer.
         for_each_offset(&self.region, |o| {
+            // SAFETY: we hold a read borrow of the region, which fits the buffer.
             v.push(unsafe { base.add(self.region.offset + o).read() })
         });
         Ok(v)
@@ -367,9 +369,9 @@ impl Tensor {
         self.check_live()?;
         let base = self.buffer.base_ptr().cast::<T>();
         let mut it = data.iter();
-        // SAFETY: we hold an exclusive borrow of the region, which fits the buffer.
         for_each_offset(&self.region, |o| {
             if let Some(v) = it.next() {
+                // SAFETY: we hold an exclusive borrow of the region, which fits the buffer.
                 unsafe { base.add(self.region.offset + o).write(*v) }
             }
         });
@@ -491,5 +493,4 @@ impl KernelCtx<'_> {
         unsafe { TensorMut::new(t, region, guard) }
             .map_err(|source| KernelError::Tensor { index, source })
     }
-
 }

@@ -1,6 +1,9 @@
 //! End-to-end behaviour of the chip runtime: dependencies, scopes and rings, SPMD, failures,
 //! traces. Results are checked against values computed independently in the test.
 
+// Test helpers unwrap: a failure there is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +28,8 @@ fn kernels() -> KernelRegistry {
         let ms = ctx.scalar::<u64>(1).unwrap_or(0);
         std::thread::sleep(Duration::from_millis(ms));
         let x = ctx.input::<i64>(0)?.to_vec();
-        ctx.output::<i64>(1)?.assign(&x.iter().map(|v| v * 2 + b).collect::<Vec<_>>())?;
+        ctx.output::<i64>(1)?
+            .assign(&x.iter().map(|v| v * 2 + b).collect::<Vec<_>>())?;
         Ok(())
     })
     .unwrap();
@@ -39,12 +43,14 @@ fn kernels() -> KernelRegistry {
     .unwrap();
     k.register("matmul_like", CoreKind::Aic, |ctx| {
         let x = ctx.input::<f32>(0)?.to_vec();
-        ctx.output::<f32>(1)?.assign(&x.iter().map(|v| v * 10.0).collect::<Vec<_>>())?;
+        ctx.output::<f32>(1)?
+            .assign(&x.iter().map(|v| v * 10.0).collect::<Vec<_>>())?;
         Ok(())
     })
     .unwrap();
     k.register("mix", CoreKind::Mix, |ctx| {
-        ctx.output::<i64>(0)?.fill(i64::from(ctx.core().index) + 100);
+        ctx.output::<i64>(0)?
+            .fill(i64::from(ctx.core().index) + 100);
         Ok(())
     })
     .unwrap();
@@ -57,8 +63,10 @@ fn kernels() -> KernelRegistry {
     .unwrap();
     k.register("boom", CoreKind::Aiv, |_ctx| panic!("kernel exploded"))
         .unwrap();
-    k.register("refuse", CoreKind::Aiv, |_ctx| Err(KernelError::msg("refused on purpose")))
-        .unwrap();
+    k.register("refuse", CoreKind::Aiv, |_ctx| {
+        Err(KernelError::msg("refused on purpose"))
+    })
+    .unwrap();
     k.register("read_as_f64", CoreKind::Aiv, |ctx| {
         ctx.input::<f64>(0)?;
         Ok(())
@@ -112,9 +120,19 @@ fn write_after_read_waits_for_the_slow_reader() {
         .run(&program(move |o| {
             o.submit(
                 "affine",
-                TaskArgs::new().input(&xx).output_existing(&ss).scalar(0i64).scalar(50u64),
+                TaskArgs::new()
+                    .input(&xx)
+                    .output_existing(&ss)
+                    .scalar(0i64)
+                    .scalar(50u64),
             )?;
-            o.submit("fill", TaskArgs::new().output_existing(&xx).scalar(-1i64).scalar(0u64))?;
+            o.submit(
+                "fill",
+                TaskArgs::new()
+                    .output_existing(&xx)
+                    .scalar(-1i64)
+                    .scalar(0u64),
+            )?;
             Ok(())
         }))
         .unwrap();
@@ -133,7 +151,10 @@ fn write_after_write_keeps_submission_order() {
                 let ms = if i < 3 { 20 } else { 0 };
                 o.submit(
                     "fill",
-                    TaskArgs::new().output_existing(&xx).scalar(i as i64).scalar(ms),
+                    TaskArgs::new()
+                        .output_existing(&xx)
+                        .scalar(i as i64)
+                        .scalar(ms),
                 )?;
             }
             Ok(())
@@ -150,7 +171,13 @@ fn disjoint_views_run_in_parallel_and_land_in_place() {
         .run(&program(move |o| {
             for c in 0..4 {
                 let col = mm.view(&[4, 2], &[0, 2 * c])?;
-                o.submit("fill", TaskArgs::new().output_existing(&col).scalar(c as i64).scalar(5u64))?;
+                o.submit(
+                    "fill",
+                    TaskArgs::new()
+                        .output_existing(&col)
+                        .scalar(c as i64)
+                        .scalar(5u64),
+                )?;
             }
             Ok(())
         }))
@@ -173,11 +200,21 @@ fn runtime_outputs_flow_between_tasks_and_read_waits() {
             let y = o
                 .submit(
                     "affine",
-                    TaskArgs::new().input(&x).output(&[3], DType::I64).scalar(1i64).scalar(20u64),
+                    TaskArgs::new()
+                        .input(&x)
+                        .output(&[3], DType::I64)
+                        .scalar(1i64)
+                        .scalar(20u64),
                 )?
                 .out(0)?;
             let z = o
-                .submit("affine", TaskArgs::new().input(&y).output(&[3], DType::I64).scalar(0i64))?
+                .submit(
+                    "affine",
+                    TaskArgs::new()
+                        .input(&y)
+                        .output(&[3], DType::I64)
+                        .scalar(0i64),
+                )?
                 .out(0)?;
             *g.lock() = o.read::<i64>(&z)?;
             Ok(())
@@ -206,11 +243,20 @@ fn scopes_recycle_ring_memory_under_back_pressure() {
                     let t = o
                         .submit(
                             "affine",
-                            TaskArgs::new().input(&a).output(&[1024], DType::I64).scalar(i as i64),
+                            TaskArgs::new()
+                                .input(&a)
+                                .output(&[1024], DType::I64)
+                                .scalar(i as i64),
                         )?
                         .out(0)?;
                     for _ in 0..4 {
-                        o.submit("affine", TaskArgs::new().input(&t).output(&[1024], DType::I64).scalar(0i64))?;
+                        o.submit(
+                            "affine",
+                            TaskArgs::new()
+                                .input(&t)
+                                .output(&[1024], DType::I64)
+                                .scalar(0i64),
+                        )?;
                     }
                     Ok(())
                 })?;
@@ -225,7 +271,12 @@ fn scopes_recycle_ring_memory_under_back_pressure() {
 
 #[test]
 fn a_scope_larger_than_its_ring_is_a_named_deadlock() {
-    let chip = Chip::builder().aiv_cores(2).aic_cores(0).ring_task_window(8).build().unwrap();
+    let chip = Chip::builder()
+        .aiv_cores(2)
+        .aic_cores(0)
+        .ring_task_window(8)
+        .build()
+        .unwrap();
     let err = chip
         .run(&program(|o| {
             o.scope(|o| {
@@ -238,12 +289,20 @@ fn a_scope_larger_than_its_ring_is_a_named_deadlock() {
         .unwrap_err();
     let msg = err.to_string();
     assert!(
-        matches!(&err, RunError::Orchestration(OrchError::ScopeDeadlock { depth: 1, ring: 1, .. })),
+        matches!(
+            &err,
+            RunError::Orchestration(OrchError::ScopeDeadlock {
+                depth: 1,
+                ring: 1,
+                ..
+            })
+        ),
         "{msg}"
     );
     assert!(msg.contains("depth 1"), "{msg}");
     // The chip is still usable.
-    chip.run(&program(|o| o.submit("nop", TaskArgs::new()).map(|_| ()))).unwrap();
+    chip.run(&program(|o| o.submit("nop", TaskArgs::new()).map(|_| ())))
+        .unwrap();
 }
 
 #[test]
@@ -251,11 +310,19 @@ fn an_output_larger_than_the_ring_is_an_error() {
     let chip = Chip::builder().ring_heap_bytes(1024).build().unwrap();
     let err = chip
         .run(&program(|o| {
-            o.submit("nop", TaskArgs::new().output(&[1024], DType::F32)).map(|_| ())
+            o.submit("nop", TaskArgs::new().output(&[1024], DType::F32))
+                .map(|_| ())
         }))
         .unwrap_err();
     assert!(
-        matches!(err, RunError::Orchestration(OrchError::OutputTooLarge { bytes: 4096, capacity: 1024, .. })),
+        matches!(
+            err,
+            RunError::Orchestration(OrchError::OutputTooLarge {
+                bytes: 4096,
+                capacity: 1024,
+                ..
+            })
+        ),
         "{err}"
     );
 }
@@ -267,11 +334,24 @@ fn dummy_tasks_join_dependencies() {
     let (xx, yy) = (x.clone(), y.clone());
     chip()
         .run(&program(move |o| {
-            let a = o.submit("fill", TaskArgs::new().output_existing(&xx).scalar(7i64).scalar(30u64))?;
+            let a = o.submit(
+                "fill",
+                TaskArgs::new()
+                    .output_existing(&xx)
+                    .scalar(7i64)
+                    .scalar(30u64),
+            )?;
             let d = o.submit_dummy(TaskArgs::new().after(a.task))?;
             // Manual scope: only the explicit dependency on the dummy orders this after `a`.
             o.manual_scope(|o| {
-                o.submit("affine", TaskArgs::new().no_dep(&xx).output_existing(&yy).scalar(0i64).after(d.task))
+                o.submit(
+                    "affine",
+                    TaskArgs::new()
+                        .no_dep(&xx)
+                        .output_existing(&yy)
+                        .scalar(0i64)
+                        .after(d.task),
+                )
             })?;
             Ok(())
         }))
@@ -293,7 +373,9 @@ fn spmd_blocks_write_their_own_chunks() {
     let v = out.read::<i64>().unwrap();
     let expect: Vec<i64> = (0..10)
         .flat_map(|r| {
-            let b = (0..4).find(|&b| pto_core::block_range(10, b, 4).contains(&r)).unwrap();
+            let b = (0..4)
+                .find(|&b| pto_core::block_range(10, b, 4).contains(&r))
+                .unwrap();
             [i64::from(b); 3]
         })
         .collect();
@@ -311,7 +393,8 @@ fn spmd_blocks_cannot_share_a_writable_tensor() {
     let out = Tensor::zeros(&[4], DType::I64).unwrap();
     let err = chip()
         .run(&Program::new("t", k, move |o| {
-            o.submit("bad_spmd", TaskArgs::new().output_existing(&out).blocks(2)).map(|_| ())
+            o.submit("bad_spmd", TaskArgs::new().output_existing(&out).blocks(2))
+                .map(|_| ())
         }))
         .unwrap_err();
     assert!(err.to_string().contains("output_chunk"), "{err}");
@@ -327,7 +410,12 @@ fn mix_and_aic_kernels_run_on_their_cores() {
     let report = chip()
         .run_with(
             &program(move |o| {
-                let y = o.submit("matmul_like", TaskArgs::new().input(&x).output(&[2], DType::F32))?.out(0)?;
+                let y = o
+                    .submit(
+                        "matmul_like",
+                        TaskArgs::new().input(&x).output(&[2], DType::F32),
+                    )?
+                    .out(0)?;
                 o.submit("mix", TaskArgs::new().output_existing(&mm))?;
                 *r.lock() = o.read::<f32>(&y)?;
                 Ok(())
@@ -354,13 +442,29 @@ fn a_panicking_kernel_fails_its_task_and_poisons_downstream() {
         .run(&program(move |o| {
             let bad = o.submit("boom", TaskArgs::new().output_existing(&xx))?;
             // Three tasks downstream (by data and explicitly), one independent.
-            let y = o.submit("affine", TaskArgs::new().input(&xx).output(&[4], DType::I64).scalar(0i64))?.out(0)?;
-            o.submit("affine", TaskArgs::new().input(&y).output(&[4], DType::I64).scalar(0i64))?;
+            let y = o
+                .submit(
+                    "affine",
+                    TaskArgs::new()
+                        .input(&xx)
+                        .output(&[4], DType::I64)
+                        .scalar(0i64),
+                )?
+                .out(0)?;
+            o.submit(
+                "affine",
+                TaskArgs::new()
+                    .input(&y)
+                    .output(&[4], DType::I64)
+                    .scalar(0i64),
+            )?;
             o.submit("nop", TaskArgs::new().after(bad.task))?;
             o.submit("fill", TaskArgs::new().output_existing(&ii).scalar(5i64))?;
             // Reading poisoned data names the failure.
             match o.read::<i64>(&y) {
-                Err(OrchError::Poisoned { cause, .. }) => assert!(cause.contains("kernel exploded")),
+                Err(OrchError::Poisoned { cause, .. }) => {
+                    assert!(cause.contains("kernel exploded"))
+                }
                 other => panic!("expected a poisoned read, got {other:?}"),
             }
             Ok(())
@@ -368,7 +472,11 @@ fn a_panicking_kernel_fails_its_task_and_poisons_downstream() {
         .unwrap_err();
     ran_after.fetch_add(1, Ordering::Relaxed);
     match &err {
-        RunError::TaskFailed { failure, failed, poisoned } => {
+        RunError::TaskFailed {
+            failure,
+            failed,
+            poisoned,
+        } => {
             assert_eq!(failure.kernel, "boom");
             assert_eq!(failure.task.get(), 0);
             assert!(failure.message.contains("kernel exploded"));
@@ -378,13 +486,19 @@ fn a_panicking_kernel_fails_its_task_and_poisons_downstream() {
         other => panic!("unexpected {other}"),
     }
     let msg = err.to_string();
-    assert!(msg.contains("boom") && msg.contains("#0") && msg.contains("AIV"), "{msg}");
+    assert!(
+        msg.contains("boom") && msg.contains("#0") && msg.contains("AIV"),
+        "{msg}"
+    );
     assert_eq!(independent.read::<i64>().unwrap(), vec![5]);
     // The chip stays usable.
     let c = Tensor::zeros(&[1], DType::I64).unwrap();
     let cc = c.clone();
-    chip.run(&program(move |o| o.submit("add_scalar", TaskArgs::new().inout(&cc).scalar(3i64)).map(|_| ())))
-        .unwrap();
+    chip.run(&program(move |o| {
+        o.submit("add_scalar", TaskArgs::new().inout(&cc).scalar(3i64))
+            .map(|_| ())
+    }))
+    .unwrap();
     assert_eq!(c.read::<i64>().unwrap(), vec![3]);
 }
 
@@ -395,14 +509,30 @@ fn poison_reaches_later_readers_of_a_retired_failed_writer() {
     let (xx, oo) = (x.clone(), out.clone());
     let err = chip()
         .run(&program(move |o| {
-            o.scope(|o| o.submit("refuse", TaskArgs::new().output_existing(&xx)).map(|_| ()))?;
+            o.scope(|o| {
+                o.submit("refuse", TaskArgs::new().output_existing(&xx))
+                    .map(|_| ())
+            })?;
             // Let the failed task retire, then read what it should have written.
             std::thread::sleep(Duration::from_millis(50));
-            o.submit("affine", TaskArgs::new().input(&xx).output_existing(&oo).scalar(1i64))?;
+            o.submit(
+                "affine",
+                TaskArgs::new().input(&xx).output_existing(&oo).scalar(1i64),
+            )?;
             Ok(())
         }))
         .unwrap_err();
-    assert!(matches!(err, RunError::TaskFailed { poisoned: 1, failed: 1, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            RunError::TaskFailed {
+                poisoned: 1,
+                failed: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("refused on purpose"));
     assert_eq!(out.read::<i64>().unwrap(), vec![0; 4]);
 }
@@ -412,30 +542,53 @@ fn bad_kernel_accesses_are_errors() {
     let x = Tensor::zeros(&[4], DType::F32).unwrap();
     let xx = x.clone();
     let err = chip()
-        .run(&program(move |o| o.submit("read_as_f64", TaskArgs::new().input(&xx)).map(|_| ())))
+        .run(&program(move |o| {
+            o.submit("read_as_f64", TaskArgs::new().input(&xx))
+                .map(|_| ())
+        }))
         .unwrap_err();
-    assert!(err.to_string().contains("dtype f32, accessed as f64"), "{err}");
+    assert!(
+        err.to_string().contains("dtype f32, accessed as f64"),
+        "{err}"
+    );
 
     let err = chip()
-        .run(&program(|o| o.submit("read_as_f64", TaskArgs::new()).map(|_| ())))
+        .run(&program(|o| {
+            o.submit("read_as_f64", TaskArgs::new()).map(|_| ())
+        }))
         .unwrap_err();
-    assert!(err.to_string().contains("tensor argument 0 out of range: the task has 0"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("tensor argument 0 out of range: the task has 0"),
+        "{err}"
+    );
 
     // `add_scalar` reads scalar 0 as i64; give it an f32.
     let y = Tensor::zeros(&[1], DType::I64).unwrap();
     let err = chip()
-        .run(&program(move |o| o.submit("add_scalar", TaskArgs::new().inout(&y).scalar(1.0f32)).map(|_| ())))
+        .run(&program(move |o| {
+            o.submit("add_scalar", TaskArgs::new().inout(&y).scalar(1.0f32))
+                .map(|_| ())
+        }))
         .unwrap_err();
-    assert!(err.to_string().contains("scalar argument 0 is f32, read as i64"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("scalar argument 0 is f32, read as i64"),
+        "{err}"
+    );
 
     // Writing an IN argument.
     let z = Tensor::zeros(&[1], DType::I64).unwrap();
     let err = chip()
         .run(&program(move |o| {
-            o.submit("fill", TaskArgs::new().tensor(&z, ArgMode::In).scalar(1i64)).map(|_| ())
+            o.submit("fill", TaskArgs::new().tensor(&z, ArgMode::In).scalar(1i64))
+                .map(|_| ())
         }))
         .unwrap_err();
-    assert!(err.to_string().contains("is IN and cannot be written"), "{err}");
+    assert!(
+        err.to_string().contains("is IN and cannot be written"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -446,25 +599,41 @@ fn bad_submissions_are_errors_and_lose_nothing() {
         .run(&program(move |o| {
             let a = xx.view(&[4], &[0])?;
             let b = xx.view(&[4], &[2])?;
-            o.submit("affine", TaskArgs::new().input(&a).output_existing(&b).scalar(0i64)).map(|_| ())
+            o.submit(
+                "affine",
+                TaskArgs::new().input(&a).output_existing(&b).scalar(0i64),
+            )
+            .map(|_| ())
         }))
         .unwrap_err();
-    assert!(err.to_string().contains("overlap and one is written"), "{err}");
+    assert!(
+        err.to_string().contains("overlap and one is written"),
+        "{err}"
+    );
     let err = chip()
-        .run(&program(|o| o.submit("no_such_kernel", TaskArgs::new()).map(|_| ())))
+        .run(&program(|o| {
+            o.submit("no_such_kernel", TaskArgs::new()).map(|_| ())
+        }))
         .unwrap_err();
     assert!(err.to_string().contains("no_such_kernel"), "{err}");
     let err = chip()
-        .run(&program(|o| o.submit("nop", TaskArgs::new().blocks(0)).map(|_| ())))
+        .run(&program(|o| {
+            o.submit("nop", TaskArgs::new().blocks(0)).map(|_| ())
+        }))
         .unwrap_err();
     assert!(err.to_string().contains("block count"), "{err}");
     let err = chip()
-        .run(&program(|o| o.submit("nop", TaskArgs::new().output(&[2; 6], DType::F32)).map(|_| ())))
+        .run(&program(|o| {
+            o.submit("nop", TaskArgs::new().output(&[2; 6], DType::F32))
+                .map(|_| ())
+        }))
         .unwrap_err();
     assert!(err.to_string().contains("1 to 5 dimensions"), "{err}");
     let no_aic = Chip::builder().aic_cores(0).aiv_cores(1).build().unwrap();
     let err = no_aic
-        .run(&program(|o| o.submit("matmul_like", TaskArgs::new()).map(|_| ())))
+        .run(&program(|o| {
+            o.submit("matmul_like", TaskArgs::new()).map(|_| ())
+        }))
         .unwrap_err();
     assert!(err.to_string().contains("needs a AIC core"), "{err}");
     assert!(Chip::builder().aic_cores(0).aiv_cores(0).build().is_err());
@@ -478,9 +647,21 @@ fn untracked_writers_that_collide_fail_instead_of_racing() {
     let err = chip()
         .run(&program(move |o| {
             o.manual_scope(|o| {
-                o.submit("fill", TaskArgs::new().output_existing(&xx).scalar(1i64).scalar(200u64))?;
+                o.submit(
+                    "fill",
+                    TaskArgs::new()
+                        .output_existing(&xx)
+                        .scalar(1i64)
+                        .scalar(200u64),
+                )?;
                 std::thread::sleep(Duration::from_millis(50));
-                o.submit("fill", TaskArgs::new().output_existing(&xx).scalar(2i64).scalar(0u64))
+                o.submit(
+                    "fill",
+                    TaskArgs::new()
+                        .output_existing(&xx)
+                        .scalar(2i64)
+                        .scalar(0u64),
+                )
             })?;
             Ok(())
         }))
@@ -495,17 +676,32 @@ fn a_stale_output_handle_is_an_error() {
     let err = chip()
         .run(&program(move |o| {
             let y = o.scope(|o| {
-                o.submit("affine", TaskArgs::new().input(&x).output(&[2], DType::I64).scalar(0i64))?
-                    .out(0)
+                o.submit(
+                    "affine",
+                    TaskArgs::new()
+                        .input(&x)
+                        .output(&[2], DType::I64)
+                        .scalar(0i64),
+                )?
+                .out(0)
             })?;
             // Wait until the scope's task retired, then use its output.
             std::thread::sleep(Duration::from_millis(50));
-            o.submit("affine", TaskArgs::new().input(&y).output(&[2], DType::I64).scalar(0i64))
-                .map(|_| ())
+            o.submit(
+                "affine",
+                TaskArgs::new()
+                    .input(&y)
+                    .output(&[2], DType::I64)
+                    .scalar(0i64),
+            )
+            .map(|_| ())
         }))
         .unwrap_err();
     assert!(
-        matches!(err, RunError::Orchestration(OrchError::Tensor(TensorError::Stale { .. }))),
+        matches!(
+            err,
+            RunError::Orchestration(OrchError::Tensor(TensorError::Stale { .. }))
+        ),
         "{err}"
     );
 }
@@ -526,7 +722,11 @@ fn a_trace_records_every_block_as_chrome_json() {
         .unwrap();
     let trace = report.trace.unwrap();
     assert_eq!(trace.events.len(), 4);
-    let last = trace.events.iter().find(|e| &*e.kernel == "add_scalar").unwrap();
+    let last = trace
+        .events
+        .iter()
+        .find(|e| &*e.kernel == "add_scalar")
+        .unwrap();
     assert_eq!(last.deps.len(), 1);
     for e in &trace.events {
         assert!(e.end_us >= e.start_us);
@@ -534,7 +734,9 @@ fn a_trace_records_every_block_as_chrome_json() {
     let json = trace.to_chrome_json();
     let evs = json["traceEvents"].as_array().unwrap();
     assert_eq!(evs.iter().filter(|e| e["ph"] == "X").count(), 4);
-    assert!(evs.iter().any(|e| e["ph"] == "M" && e["name"] == "thread_name"));
+    assert!(evs
+        .iter()
+        .any(|e| e["ph"] == "M" && e["name"] == "thread_name"));
     // Off by default.
     assert!(chip().run(&program(|_| Ok(()))).unwrap().trace.is_none());
 }
@@ -555,11 +757,19 @@ fn a_kernel_that_never_returns_is_reported_and_drop_does_not_hang() {
         .build()
         .unwrap();
     let err = chip
-        .run(&Program::new("hang", k, |o| o.submit("hang", TaskArgs::new()).map(|_| ())))
+        .run(&Program::new("hang", k, |o| {
+            o.submit("hang", TaskArgs::new()).map(|_| ())
+        }))
         .unwrap_err();
-    assert!(matches!(&err, RunError::Stalled { running, .. } if running.contains("hang")), "{err}");
+    assert!(
+        matches!(&err, RunError::Stalled { running, .. } if running.contains("hang")),
+        "{err}"
+    );
     assert!(chip.broken().is_some());
-    assert!(matches!(chip.run(&program(|_| Ok(()))), Err(RunError::Broken(_))));
+    assert!(matches!(
+        chip.run(&program(|_| Ok(()))),
+        Err(RunError::Broken(_))
+    ));
     let t = std::time::Instant::now();
     drop(chip);
     assert!(t.elapsed() < Duration::from_secs(1));
@@ -568,27 +778,44 @@ fn a_kernel_that_never_returns_is_reported_and_drop_does_not_hang() {
 #[test]
 fn an_orchestration_error_or_panic_is_reported() {
     let chip = chip();
-    let err = chip.run(&program(|_| Err(OrchError::msg("bad plan")))).unwrap_err();
+    let err = chip
+        .run(&program(|_| Err(OrchError::msg("bad plan"))))
+        .unwrap_err();
     assert_eq!(err.to_string(), "orchestration failed: bad plan");
-    let err = chip.run(&program(|_| panic!("orchestrator fell over"))).unwrap_err();
+    let err = chip
+        .run(&program(|_| panic!("orchestrator fell over")))
+        .unwrap_err();
     assert!(err.to_string().contains("orchestrator fell over"), "{err}");
     chip.run(&program(|_| Ok(()))).unwrap();
 }
 
 #[test]
 fn many_programs_in_a_row_and_one_thread_for_many_cores() {
-    let chip = Chip::builder().aic_cores(4).aiv_cores(8).threads(1).build().unwrap();
+    let chip = Chip::builder()
+        .aic_cores(4)
+        .aiv_cores(8)
+        .threads(1)
+        .build()
+        .unwrap();
     for round in 0..20i64 {
         let x = Tensor::zeros(&[16], DType::I64).unwrap();
         let xx = x.clone();
         chip.run(&program(move |o| {
             for i in 0..16 {
                 let e = xx.view(&[1], &[i])?;
-                o.submit("fill", TaskArgs::new().output_existing(&e).scalar(round * 100 + i as i64))?;
+                o.submit(
+                    "fill",
+                    TaskArgs::new()
+                        .output_existing(&e)
+                        .scalar(round * 100 + i as i64),
+                )?;
             }
             Ok(())
         }))
         .unwrap();
-        assert_eq!(x.read::<i64>().unwrap(), (0..16).map(|i| round * 100 + i).collect::<Vec<_>>());
+        assert_eq!(
+            x.read::<i64>().unwrap(),
+            (0..16).map(|i| round * 100 + i).collect::<Vec<_>>()
+        );
     }
 }

@@ -2,6 +2,9 @@
 //! overwrites over overlapping (strided, transposed, sliced) views of one buffer, run on a chip
 //! with several threads, must produce exactly what running the same program sequentially does.
 
+// Test helpers unwrap: a failure there is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +17,18 @@ const N: usize = 16;
 
 #[derive(Clone, Debug)]
 enum View {
-    Flat { start: usize, end: usize, step: usize },
-    Box2 { r0: usize, r1: usize, c0: usize, c1: usize, transpose: bool },
+    Flat {
+        start: usize,
+        end: usize,
+        step: usize,
+    },
+    Box2 {
+        r0: usize,
+        r1: usize,
+        c0: usize,
+        c1: usize,
+        transpose: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -63,7 +76,13 @@ fn arb_op() -> impl Strategy<Value = Op> {
 fn make_view(base: &Tensor, v: &View) -> Tensor {
     match *v {
         View::Flat { start, end, step } => base.slice(0, start, end, step).unwrap(),
-        View::Box2 { r0, r1, c0, c1, transpose } => {
+        View::Box2 {
+            r0,
+            r1,
+            c0,
+            c1,
+            transpose,
+        } => {
             let m = base.reshape(&[4, 4]).unwrap();
             let b = m.view(&[r1 - r0, c1 - c0], &[r0, c0]).unwrap();
             if transpose {
@@ -175,13 +194,26 @@ fn submit_ops(
     while i < ops.len() {
         match &ops[i] {
             Op::Update(v, k) => {
-                o.submit("update", TaskArgs::new().inout(&make_view(base, v)).scalar(*k))?;
+                o.submit(
+                    "update",
+                    TaskArgs::new().inout(&make_view(base, v)).scalar(*k),
+                )?;
             }
             Op::Set(v, k) => {
-                o.submit("set", TaskArgs::new().output_existing(&make_view(base, v)).scalar(*k))?;
+                o.submit(
+                    "set",
+                    TaskArgs::new()
+                        .output_existing(&make_view(base, v))
+                        .scalar(*k),
+                )?;
             }
             Op::Sum(v) => {
-                let s = o.submit("sum", TaskArgs::new().input(&make_view(base, v)).output(&[1], DType::I64))?;
+                let s = o.submit(
+                    "sum",
+                    TaskArgs::new()
+                        .input(&make_view(base, v))
+                        .output(&[1], DType::I64),
+                )?;
                 outs.push((*next, s.out(0)?));
                 *next += 1;
             }

@@ -1,1 +1,130 @@
-//! placeholder
+//! # pto-examples
+//!
+//! Each example is a library function that builds its inputs, runs them through pto and checks
+//! the result against a golden computed independently (in plain Rust, sequentially). The CLI's
+//! `pto run <name>` and the tests call the same functions.
+//!
+//! ```
+//! let ex = pto_examples::find("vector_pipeline").unwrap();
+//! let outcome = (ex.run)(&pto_examples::RunArgs::default())?;
+//! assert!(outcome.passed, "{}", outcome.detail);
+//! # Ok::<(), pto_examples::ExampleError>(())
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::time::Duration;
+
+use pto_core::{OrchError, RunError, TensorError, Trace};
+
+mod chip;
+
+/// Errors that stop an example before it can check its golden.
+#[derive(Debug, thiserror::Error)]
+pub enum ExampleError {
+    /// The run failed.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// Building the inputs or reading results failed.
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+    /// The orchestration failed outside a run.
+    #[error(transparent)]
+    Orch(#[from] OrchError),
+    /// A kernel could not be registered.
+    #[error(transparent)]
+    Registry(#[from] pto_core::RegistryError),
+    /// An argument the example does not accept.
+    #[error("{0}")]
+    Args(String),
+}
+
+/// Options of one example run.
+#[derive(Clone, Debug)]
+pub struct RunArgs {
+    /// Problem size (the example's own unit; `None` for its default).
+    pub size: Option<usize>,
+    /// Record a trace.
+    pub trace: bool,
+    /// Logical cores per chip (AIC, AIV).
+    pub cores: (u32, u32),
+}
+
+impl Default for RunArgs {
+    fn default() -> Self {
+        RunArgs {
+            size: None,
+            trace: false,
+            cores: (2, 4),
+        }
+    }
+}
+
+/// What an example run found.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// True when every value matched the golden.
+    pub passed: bool,
+    /// What was checked, or the first mismatch.
+    pub detail: String,
+    /// Wall time of the run(s).
+    pub wall: Duration,
+    /// Tasks run.
+    pub tasks: u64,
+    /// The trace, when asked for.
+    pub trace: Option<Trace>,
+}
+
+/// One example.
+#[derive(Clone, Copy, Debug)]
+pub struct Example {
+    /// Its name, as `pto run` takes it.
+    pub name: &'static str,
+    /// One line on what it does.
+    pub about: &'static str,
+    /// Runs it and checks the golden.
+    pub run: fn(&RunArgs) -> Result<Outcome, ExampleError>,
+}
+
+/// Every example.
+pub const EXAMPLES: &[Example] = &[
+    Example {
+        name: "vector_pipeline",
+        about: "one chip: c = a + b (SPMD), d = 0.5 c, s = sum(d); golden computed in Rust",
+        run: chip::vector_pipeline,
+    },
+    Example {
+        name: "ffn_chip",
+        about: "one chip: y = relu(x w1) w2 with SPMD matmuls on AIC and relu on AIV; checked against a sequential reference",
+        run: chip::ffn_chip,
+    },
+];
+
+/// The example named `name`.
+pub fn find(name: &str) -> Option<&'static Example> {
+    EXAMPLES.iter().find(|e| e.name == name)
+}
+
+/// Compares `got` with `want` elementwise within `tol` (absolute plus relative); the detail
+/// names the first mismatch.
+pub fn compare(what: &str, got: &[f64], want: &[f64], tol: f64) -> (bool, String) {
+    if got.len() != want.len() {
+        return (
+            false,
+            format!("{what}: {} values, golden has {}", got.len(), want.len()),
+        );
+    }
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if (g - w).abs() > tol * (1.0 + w.abs()) || g.is_nan() != w.is_nan() {
+            return (
+                false,
+                format!("{what}[{i}] = {g}, golden {w} (tolerance {tol})"),
+            );
+        }
+    }
+    (
+        true,
+        format!("{what}: {} values match the golden", got.len()),
+    )
+}

@@ -360,29 +360,29 @@ impl Dag {
         }
         // Two arguments of one task may overlap only if both are read-only.
         {
-        let existing: SmallVec<[(usize, &Tensor, ArgMode); 8]> = args
-            .tensors
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| match a {
-                TensorArg::Existing(t, m) => Some((i, t, *m)),
-                TensorArg::Create { .. } => None,
-            })
-            .collect();
-        for (x, &(i, ti, mi)) in existing.iter().enumerate() {
-            for &(j, tj, mj) in &existing[x + 1..] {
-                if (mi.writable() || mj.writable())
-                    && ti.buffer() == tj.buffer()
-                    && crate::tensor::overlap(ti.region(), tj.region())
-                        != crate::tensor::Overlap::Disjoint
-                {
-                    return Err(invalid(
+            let existing: SmallVec<[(usize, &Tensor, ArgMode); 8]> = args
+                .tensors
+                .iter()
+                .enumerate()
+                .filter_map(|(i, a)| match a {
+                    TensorArg::Existing(t, m) => Some((i, t, *m)),
+                    TensorArg::Create { .. } => None,
+                })
+                .collect();
+            for (x, &(i, ti, mi)) in existing.iter().enumerate() {
+                for &(j, tj, mj) in &existing[x + 1..] {
+                    if (mi.writable() || mj.writable())
+                        && ti.buffer() == tj.buffer()
+                        && crate::tensor::overlap(ti.region(), tj.region())
+                            != crate::tensor::Overlap::Disjoint
+                    {
+                        return Err(invalid(
                         &kernel,
                         format!("tensor arguments {i} ({mi}) and {j} ({mj}) overlap and one is written"),
                     ));
+                    }
                 }
             }
-        }
         }
         let ring = self.depth().min(NUM_RINGS - 1);
         if bytes > self.rings[ring].heap_size {
@@ -412,10 +412,7 @@ impl Dag {
             Err(full) => {
                 let what = match full {
                     Full::Tasks => format!("task window of {}", ring.window),
-                    Full::Heap => format!(
-                        "{} of {} heap bytes wanted",
-                        plan.bytes, ring.heap_size
-                    ),
+                    Full::Heap => format!("{} of {} heap bytes wanted", plan.bytes, ring.heap_size),
                 };
                 let hint = match full {
                     Full::Tasks => "PTO_RING_TASK_WINDOW",
@@ -453,7 +450,11 @@ impl Dag {
 
     /// Commits a placed plan: allocates outputs, infers and wires dependencies, and makes the
     /// task ready when nothing holds it back. Returns the task and its runtime outputs.
-    pub(crate) fn commit(&mut self, plan: Plan, at: usize) -> Result<(TaskId, Vec<Tensor>), OrchError> {
+    pub(crate) fn commit(
+        &mut self,
+        plan: Plan,
+        at: usize,
+    ) -> Result<(TaskId, Vec<Tensor>), OrchError> {
         let Plan {
             kernel,
             args,
@@ -507,7 +508,9 @@ impl Dag {
                 }
                 TensorArg::Create { shape, dtype, init } => {
                     let off = at + outs.next().copied().unwrap_or(0);
-                    let heap = heap.clone().ok_or_else(|| invalid(&kernel, "no heap".into()))?;
+                    let heap = heap
+                        .clone()
+                        .ok_or_else(|| invalid(&kernel, "no heap".into()))?;
                     let region = Region::contiguous(dtype, off / dtype.size(), &shape);
                     let t = Tensor {
                         buffer: heap,
@@ -616,9 +619,7 @@ impl Dag {
     /// True when some queued block could be dispatched on a free core now.
     pub(crate) fn has_dispatchable(&self) -> bool {
         let kinds = [CoreKind::Mix, CoreKind::Aic, CoreKind::Aiv];
-        (0..3).any(|q| {
-            !self.ready[q].is_empty() && self.cores.can_claim(kinds[q])
-        })
+        (0..3).any(|q| !self.ready[q].is_empty() && self.cores.can_claim(kinds[q]))
     }
 
     /// Hands out the next block that has a free core of its kind.
@@ -627,7 +628,11 @@ impl Dag {
         loop {
             let mut picked = None;
             // MIX first (it needs a whole cluster), then AIC and AIV in alternating order.
-            let order = if self.rotate % 2 == 0 { [0, 1, 2] } else { [0, 2, 1] };
+            let order = if self.rotate % 2 == 0 {
+                [0, 1, 2]
+            } else {
+                [0, 2, 1]
+            };
             self.rotate = self.rotate.wrapping_add(1);
             for q in order {
                 if let Some(&id) = self.ready[q].front() {
@@ -761,10 +766,10 @@ impl Dag {
                 State::Failed => {
                     n.root = Some(id);
                     self.stats.failed += 1;
-                    let (block, core, message) = n
-                        .block_error
-                        .take()
-                        .unwrap_or((0, None, "unknown failure".into()));
+                    let (block, core, message) =
+                        n.block_error
+                            .take()
+                            .unwrap_or((0, None, "unknown failure".into()));
                     self.failures.push(TaskFailure {
                         task: TaskId(id),
                         kernel: n

@@ -19,16 +19,31 @@ struct Entry {
     write: bool,
 }
 
+/// The entries of one buffer, readers and writers apart: a read only has to look at writers,
+/// so many concurrent readers of one tensor cost nothing to later readers.
 #[derive(Default, Debug)]
-struct BufIndex {
+struct Side {
     entries: BTreeMap<(usize, u64), Entry>,
     max_len: usize,
+}
+
+#[derive(Default, Debug)]
+struct BufIndex {
+    /// `[readers, writers]`.
+    sides: [Side; 2],
+}
+
+impl BufIndex {
+    fn is_empty(&self) -> bool {
+        self.sides.iter().all(|s| s.entries.is_empty())
+    }
 }
 
 /// A key that finds one entry again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct EntryKey {
     buffer: u64,
+    write: bool,
     start: usize,
     seq: u64,
 }
@@ -69,29 +84,32 @@ impl TensorMap {
         if s == e {
             return;
         }
-        let lo = s.saturating_sub(idx.max_len);
-        let mut dead: smallvec::SmallVec<[(usize, u64); 8]> = smallvec::SmallVec::new();
-        for (key, ent) in idx.entries.range((lo, 0)..(e, 0)) {
-            let state = live(ent.task);
-            if state == Liveness::Retired {
-                dead.push(*key);
-                continue;
-            }
-            if !(write || ent.write) {
-                continue;
-            }
-            match overlap(region, &ent.region) {
-                Overlap::Disjoint => {}
-                o => {
-                    deps.extend(Some(ent.task));
-                    if write && o == Overlap::Covers && state == Liveness::Live {
-                        dead.push(*key);
+        // A read looks at writers only; a write at both.
+        for side in &mut idx.sides[usize::from(!write)..] {
+            let lo = s.saturating_sub(side.max_len);
+            let mut dead: smallvec::SmallVec<[(usize, u64); 8]> = smallvec::SmallVec::new();
+            for (key, ent) in side.entries.range((lo, 0)..(e, 0)) {
+                let state = live(ent.task);
+                if state == Liveness::Retired {
+                    dead.push(*key);
+                    continue;
+                }
+                match overlap(region, &ent.region) {
+                    Overlap::Disjoint => {}
+                    o => {
+                        deps.extend(Some(ent.task));
+                        if write && o == Overlap::Covers && state == Liveness::Live {
+                            dead.push(*key);
+                        }
                     }
                 }
             }
+            for k in dead {
+                side.entries.remove(&k);
+            }
         }
-        for k in dead {
-            idx.entries.remove(&k);
+        if idx.is_empty() {
+            self.bufs.remove(&buffer);
         }
     }
 
@@ -105,9 +123,9 @@ impl TensorMap {
     ) -> EntryKey {
         let (s, e) = region.byte_range();
         self.seq += 1;
-        let idx = self.bufs.entry(buffer).or_default();
-        idx.max_len = idx.max_len.max(e - s);
-        idx.entries.insert(
+        let side = &mut self.bufs.entry(buffer).or_default().sides[usize::from(write)];
+        side.max_len = side.max_len.max(e - s);
+        side.entries.insert(
             (s, self.seq),
             Entry {
                 task,
@@ -117,6 +135,7 @@ impl TensorMap {
         );
         EntryKey {
             buffer,
+            write,
             start: s,
             seq: self.seq,
         }
@@ -125,8 +144,10 @@ impl TensorMap {
     /// Removes one entry (if still present).
     pub(crate) fn remove(&mut self, key: EntryKey) {
         if let Some(idx) = self.bufs.get_mut(&key.buffer) {
-            idx.entries.remove(&(key.start, key.seq));
-            if idx.entries.is_empty() {
+            idx.sides[usize::from(key.write)]
+                .entries
+                .remove(&(key.start, key.seq));
+            if idx.is_empty() {
                 self.bufs.remove(&key.buffer);
             }
         }
@@ -135,6 +156,10 @@ impl TensorMap {
     /// Number of entries (for tests and statistics).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.bufs.values().map(|b| b.entries.len()).sum()
+        self.bufs
+            .values()
+            .flat_map(|b| &b.sides)
+            .map(|s| s.entries.len())
+            .sum()
     }
 }

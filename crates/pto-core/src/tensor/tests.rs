@@ -35,9 +35,15 @@ fn views_are_metadata_only() {
     assert_eq!(r.read::<i32>().unwrap(), (0..24).collect::<Vec<_>>());
     assert!(matches!(
         p.reshape(&[24]),
-        Err(TensorError::Reshape { why: "tensor is not contiguous", .. })
+        Err(TensorError::Reshape {
+            why: "tensor is not contiguous",
+            ..
+        })
     ));
-    assert!(matches!(t.reshape(&[5, 5]), Err(TensorError::Reshape { .. })));
+    assert!(matches!(
+        t.reshape(&[5, 5]),
+        Err(TensorError::Reshape { .. })
+    ));
 }
 
 #[test]
@@ -45,7 +51,10 @@ fn bad_geometry_is_an_error() {
     let b = Buffer::zeroed(64).unwrap();
     assert_eq!(
         Tensor::new(b.clone(), DType::F32, &[17], 0).unwrap_err(),
-        TensorError::OutOfBuffer { needed: 68, len: 64 }
+        TensorError::OutOfBuffer {
+            needed: 68,
+            len: 64
+        }
     );
     assert_eq!(
         Tensor::new(b.clone(), DType::F32, &[], 0).unwrap_err(),
@@ -64,10 +73,22 @@ fn bad_geometry_is_an_error() {
         TensorError::Overflow
     );
     let t = Tensor::new(b, DType::F32, &[4, 4], 0).unwrap();
-    assert!(matches!(t.view(&[2, 2], &[3, 0]), Err(TensorError::OutOfRange { .. })));
-    assert!(matches!(t.slice(0, 0, 4, 0), Err(TensorError::OutOfRange { .. })));
-    assert!(matches!(t.transpose(0, 2), Err(TensorError::OutOfRange { .. })));
-    assert!(matches!(t.permute(&[0, 0]), Err(TensorError::OutOfRange { .. })));
+    assert!(matches!(
+        t.view(&[2, 2], &[3, 0]),
+        Err(TensorError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        t.slice(0, 0, 4, 0),
+        Err(TensorError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        t.transpose(0, 2),
+        Err(TensorError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        t.permute(&[0, 0]),
+        Err(TensorError::OutOfRange { .. })
+    ));
     assert_eq!(
         t.read::<i32>().unwrap_err(),
         TensorError::DTypeMismatch {

@@ -1,0 +1,75 @@
+//! Command-line definitions.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// pto: tensor task graphs on simulated chips.
+#[derive(Debug, Parser)]
+#[command(name = "pto", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run an example and check it against its golden (exit 0 only on a match).
+    Run(RunArgs),
+    /// List the examples.
+    List,
+    /// Run a benchmark.
+    Bench(BenchArgs),
+    /// Print the PTO_* environment variables pto reads, with their values.
+    Env,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The example (see `pto list`).
+    pub example: String,
+    /// Problem size, in the example's own unit.
+    #[arg(long)]
+    pub size: Option<usize>,
+    /// Logical AIC cores per chip.
+    #[arg(long, default_value_t = 2)]
+    pub aic: u32,
+    /// Logical AIV cores per chip.
+    #[arg(long, default_value_t = 4)]
+    pub aiv: u32,
+    /// Write a Chrome trace (open it in Perfetto) to this file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(value_enum)]
+    pub what: BenchKind,
+    /// Tasks per pattern.
+    #[arg(long, default_value_t = 200_000)]
+    pub tasks: usize,
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// OS threads for the chip (default: one per CPU).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// The OpenMP anchor binary (`omp_deps` from shared/anchors), run in the same process
+    /// run as the baseline.
+    #[arg(long)]
+    pub omp_anchor: Option<PathBuf>,
+    /// Print JSON lines instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum BenchKind {
+    /// Per-task cost of dependency-inferred graphs: a serial chain and a 1 -> N fan.
+    Dag,
+}

@@ -1,0 +1,34 @@
+//! One module per verb.
+
+mod bench;
+mod run;
+
+use std::process::ExitCode;
+
+use crate::cli::{Cli, Command};
+
+pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run(a) => run::run(&a),
+        Command::List => {
+            for e in pto_examples::EXAMPLES {
+                println!("{:<24} {}", e.name, e.about);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(a) => bench::bench(&a),
+        Command::Env => {
+            for v in pto::config::VARS {
+                let cur = std::env::var(v.name).unwrap_or_else(|_| "(unset)".into());
+                println!(
+                    "{:<22} {:<10} default {:<10} {}",
+                    v.name, cur, v.default, v.doc
+                );
+            }
+            for w in pto::config::Settings::warnings() {
+                eprintln!("warning: {w}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
