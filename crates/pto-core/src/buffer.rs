@@ -202,7 +202,8 @@ impl Buffer {
         self.inner.len == 0
     }
 
-    /// A fresh borrow token.
+    /// A fresh borrow token. Tokens below `1 << 40` are handed out here; the DAG engine makes
+    /// its own above that (a per-run nonce in the high bits, the task id in the low 40).
     pub(crate) fn new_token() -> u64 {
         NEXT_BORROW_TOKEN.fetch_add(1, Ordering::Relaxed)
     }
@@ -251,8 +252,13 @@ pub(crate) struct BorrowSet {
 
 impl BorrowSet {
     pub(crate) fn new() -> BorrowSet {
+        Self::with_token(Buffer::new_token())
+    }
+
+    /// A set under a token the caller made unique (see [`Buffer::new_token`]).
+    pub(crate) fn with_token(token: u64) -> BorrowSet {
         BorrowSet {
-            token: Buffer::new_token(),
+            token,
             buffers: smallvec::SmallVec::new(),
         }
     }

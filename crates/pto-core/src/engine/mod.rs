@@ -22,6 +22,9 @@ use crate::trace::{Trace, TraceEvent};
 use ring::{Full, Ring, OUT_ALIGN};
 use tensormap::{EntryKey, Liveness, TensorMap};
 
+static NEXT_NONCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+const TOKEN_TASK_BITS: u32 = 40;
+
 /// Rings, one per scope depth; depths past the last share it.
 pub(crate) const NUM_RINGS: usize = 4;
 
@@ -48,9 +51,9 @@ struct Node {
     state: State,
     /// Unfinished producers.
     fanin: u32,
-    consumers: SmallVec<[u64; 4]>,
+    consumers: SmallVec<[u64; 2]>,
     /// Producers this task keeps alive until it finishes.
-    retains: SmallVec<[u64; 4]>,
+    retains: SmallVec<[u64; 2]>,
     /// Consumers keeping this task alive.
     retained: u32,
     scope_open: bool,
@@ -62,9 +65,9 @@ struct Node {
     /// The failed task this one was poisoned by (itself, if it failed).
     root: Option<u64>,
     block_error: Option<(u32, Option<CoreId>, String)>,
-    tm_keys: SmallVec<[EntryKey; 4]>,
+    tm_keys: SmallVec<[EntryKey; 2]>,
     borrows: Option<BorrowSet>,
-    deps: SmallVec<[u64; 4]>,
+    deps: SmallVec<[u64; 2]>,
 }
 
 #[derive(Debug)]
@@ -228,10 +231,11 @@ pub(crate) struct Dag {
     /// Finished tasks, ever (a progress counter for waits).
     pub(crate) finished: u64,
     /// Jobs handed out and not yet returned.
-    pub(crate) running: FxHashMap<(u64, u32), (CoreId, Arc<str>)>,
+    pub(crate) running: FxHashMap<(u64, u32), (CoreId, Arc<Kernel>)>,
     failures: Vec<TaskFailure>,
     retired_failed: FxHashMap<u64, u64>,
-    tokens: FxHashMap<u64, u64>,
+    /// High bits of this run's borrow tokens: `nonce << 40 | task`.
+    nonce: u64,
     pub(crate) trace: Option<Trace>,
     pub(crate) stats: RunStats,
 }
@@ -270,7 +274,7 @@ impl Dag {
             running: FxHashMap::default(),
             failures: Vec::new(),
             retired_failed: FxHashMap::default(),
-            tokens: FxHashMap::default(),
+            nonce: NEXT_NONCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             trace: trace.map(|chip| Trace {
                 chip,
                 events: Vec::new(),
@@ -651,7 +655,7 @@ impl Dag {
             }
             if block == 0 {
                 n.state = State::Running;
-                let mut set = BorrowSet::new();
+                let mut set = BorrowSet::with_token(self.nonce << TOKEN_TASK_BITS | id);
                 let mut conflict = None;
                 for (i, (t, mode)) in n.payload.tensors.iter().enumerate() {
                     let write = mode.writable() && *mode != ArgMode::NoDep;
@@ -660,13 +664,13 @@ impl Dag {
                         break;
                     }
                 }
-                self.tokens.insert(set.token(), id);
                 n.borrows = Some(set);
                 if let Some((i, buf, other)) = conflict {
-                    let who = self.tokens.get(&other).map_or_else(
-                        || "code outside this run".to_string(),
-                        |t| format!("task #{t}"),
-                    );
+                    let who = if other >> TOKEN_TASK_BITS == self.nonce {
+                        format!("task #{}", other & ((1 << TOKEN_TASK_BITS) - 1))
+                    } else {
+                        "code outside this run (host code or another chip)".to_string()
+                    };
                     self.cores.release(core);
                     self.ready[q].retain(|x| *x != id);
                     let n = self.nodes.get_mut(&id)?;
@@ -684,8 +688,7 @@ impl Dag {
             let n = self.nodes.get(&id)?;
             let kernel = n.kernel.clone()?;
             let token = n.borrows.as_ref().map_or(0, BorrowSet::token);
-            self.running
-                .insert((id, block), (core, Arc::from(kernel.name())));
+            self.running.insert((id, block), (core, kernel.clone()));
             return Some(Job {
                 task: id,
                 block,
@@ -750,16 +753,15 @@ impl Dag {
     /// Marks a task finished and propagates: consumers' fan-in, poison, retained producers,
     /// reclamation. Iterative, so long chains of dummy or poisoned tasks use no stack.
     fn finish(&mut self, id: u64, state: State) {
-        let mut work = vec![(id, state)];
+        let mut work: SmallVec<[(u64, State); 8]> = SmallVec::new();
+        work.push((id, state));
         while let Some((id, state)) = work.pop() {
             let Some(n) = self.nodes.get_mut(&id) else {
                 continue;
             };
             debug_assert!(!n.state.finished());
             n.state = state;
-            if let Some(b) = n.borrows.take() {
-                self.tokens.remove(&b.token());
-            }
+            n.borrows = None;
             self.outstanding -= 1;
             self.finished += 1;
             match state {
@@ -894,7 +896,7 @@ impl Dag {
         let mut v: Vec<String> = self
             .running
             .iter()
-            .map(|((t, b), (c, k))| format!("task #{t} block {b} kernel {k:?} on {c}"))
+            .map(|((t, b), (c, k))| format!("task #{t} block {b} kernel {:?} on {c}", k.name()))
             .collect();
         v.sort();
         v.join(", ")

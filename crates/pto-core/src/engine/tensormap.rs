@@ -16,7 +16,6 @@ use crate::tensor::{overlap, Overlap, Region};
 struct Entry {
     task: u64,
     region: Region,
-    write: bool,
 }
 
 /// The entries of one buffer, readers and writers apart: a read only has to look at writers,
@@ -130,7 +129,6 @@ impl TensorMap {
             Entry {
                 task,
                 region: *region,
-                write,
             },
         );
         EntryKey {

@@ -117,3 +117,28 @@ fn a_ring_full_of_an_open_scope_is_a_deadlock_not_a_wait() {
     // Once the scope ended, the finished tasks retired and there is room.
     assert!(d.place(&plan).is_ok());
 }
+
+#[test]
+#[ignore = "timing probe, run by hand in release mode"]
+fn probe_engine_cost() {
+    let mut d = Dag::new(1, 2, RingConfig { window: 4096, heap_bytes: 1 << 20 }, None);
+    let t = Tensor::zeros(&[1], DType::I64).unwrap();
+    let k = kernel();
+    let n = 200_000;
+    let start = std::time::Instant::now();
+    let mut i = 0;
+    while i < n {
+        d.begin_scope(false).unwrap();
+        for _ in 0..1024 {
+            let plan = d.plan(Some(k.clone()), TaskArgs::new().inout(&t)).unwrap();
+            let at = d.place(&plan).ok().unwrap();
+            d.commit(plan, at).unwrap();
+            while let Some(job) = d.next_job() {
+                d.finish_block(&job, Ok(()), None);
+            }
+            i += 1;
+        }
+        d.end_scope();
+    }
+    eprintln!("engine: {:.0} ns/task", start.elapsed().as_secs_f64() * 1e9 / n as f64);
+}
