@@ -121,7 +121,15 @@ fn a_ring_full_of_an_open_scope_is_a_deadlock_not_a_wait() {
 #[test]
 #[ignore = "timing probe, run by hand in release mode"]
 fn probe_engine_cost() {
-    let mut d = Dag::new(1, 2, RingConfig { window: 4096, heap_bytes: 1 << 20 }, None);
+    let mut d = Dag::new(
+        1,
+        2,
+        RingConfig {
+            window: 4096,
+            heap_bytes: 1 << 20,
+        },
+        None,
+    );
     let t = Tensor::zeros(&[1], DType::I64).unwrap();
     let k = kernel();
     let n = 200_000;
@@ -140,5 +148,8 @@ fn probe_engine_cost() {
         }
         d.end_scope();
     }
-    eprintln!("engine: {:.0} ns/task", start.elapsed().as_secs_f64() * 1e9 / n as f64);
+    eprintln!(
+        "engine: {:.0} ns/task",
+        start.elapsed().as_secs_f64() * 1e9 / n as f64
+    );
 }
