@@ -1,0 +1,372 @@
+//! Communicators: a rank's view of a world or of a domain (a subset of ranks, dense 0..n).
+
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pto_shm::barrier::Barrier;
+use pto_shm::segment_kind;
+use pto_shm::wait::WaitError;
+use pto_shm::{HeaderInit, Segment};
+
+use crate::window::{Window, WindowSpec};
+use crate::world::World;
+use crate::{Backend, CommError};
+
+/// Per-rank state shared by every communicator of that rank: marks the rank exited (or failed,
+/// when dropped during a panic) once the last handle goes.
+pub(crate) struct RankGuard {
+    pub(crate) world: Arc<World>,
+    pub(crate) rank: usize,
+    /// Per member list, how many domains this rank has created over it (names must agree).
+    domain_seq: Mutex<HashMap<Vec<u32>, u64>>,
+}
+
+impl RankGuard {
+    pub(crate) fn new(world: Arc<World>, rank: usize) -> RankGuard {
+        RankGuard {
+            world,
+            rank,
+            domain_seq: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Drop for RankGuard {
+    fn drop(&mut self) {
+        let failed = std::thread::panicking();
+        if failed {
+            self.world
+                .abort(self.rank, &format!("rank {} panicked", self.rank));
+        }
+        self.world.leave(self.rank, failed);
+    }
+}
+
+pub(crate) struct CommInner {
+    pub(crate) guard: Arc<RankGuard>,
+    /// World ranks of the members, by dense rank.
+    pub(crate) members: Vec<u32>,
+    /// This rank's dense rank.
+    pub(crate) rank: usize,
+    /// Where this communicator's barrier lives (the world segment, or the domain's).
+    ctrl: Arc<Segment>,
+    barrier_off: usize,
+    /// Names of segments derived from this communicator start with this key.
+    pub(crate) key: String,
+    window_seq: Mutex<u64>,
+}
+
+/// A rank's communicator: its rank and size, a barrier, domains, and symmetric windows.
+///
+/// Cloning is cheap and shares the communicator. Collective calls (`barrier`, `domain`,
+/// `alloc_window`) must be made by every member, in the same order.
+#[derive(Clone)]
+pub struct Comm {
+    pub(crate) inner: Arc<CommInner>,
+}
+
+impl fmt::Debug for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Comm")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .field("world_rank", &self.world_rank())
+            .field("backend", &self.backend())
+            .finish()
+    }
+}
+
+pub(crate) fn wait_err(
+    what: impl FnOnce() -> String,
+    rank: usize,
+) -> impl FnOnce(WaitError<CommError>) -> CommError {
+    move |e| match e {
+        WaitError::Check(e) => e,
+        WaitError::Timeout { waited } => CommError::Timeout {
+            what: what(),
+            rank,
+            waited,
+        },
+    }
+}
+
+fn hash_members(m: &[u32]) -> u64 {
+    // FNV-1a: stable across processes (unlike the std hasher).
+    m.iter()
+        .flat_map(|r| r.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+impl Comm {
+    pub(crate) fn world(guard: Arc<RankGuard>) -> Comm {
+        let w = guard.world.clone();
+        let size = w.size;
+        let rank = guard.rank;
+        Comm {
+            inner: Arc::new(CommInner {
+                members: (0..size as u32).collect(),
+                rank,
+                ctrl: w.seg.clone(),
+                barrier_off: crate::world::OFF_BARRIER,
+                key: w.prefix.clone(),
+                window_seq: Mutex::new(0),
+                guard,
+            }),
+        }
+    }
+
+    pub(crate) fn world_ref(&self) -> &World {
+        &self.inner.guard.world
+    }
+
+    /// This rank's (dense) rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks in the communicator.
+    pub fn size(&self) -> usize {
+        self.inner.members.len()
+    }
+
+    /// This rank's rank in the world.
+    pub fn world_rank(&self) -> usize {
+        self.inner.guard.rank
+    }
+
+    /// World ranks of the members, by dense rank.
+    pub fn members(&self) -> Vec<usize> {
+        self.inner.members.iter().map(|&r| r as usize).collect()
+    }
+
+    /// The world rank of dense rank `r`.
+    ///
+    /// # Errors
+    ///
+    /// [`CommError::BadRank`].
+    pub fn world_rank_of(&self, r: usize) -> Result<usize, CommError> {
+        self.inner
+            .members
+            .get(r)
+            .map(|&w| w as usize)
+            .ok_or(CommError::BadRank {
+                rank: r,
+                size: self.size(),
+            })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> Backend {
+        self.world_ref().backend()
+    }
+
+    /// Errors when the world was aborted or a member is dead or gone.
+    ///
+    /// # Errors
+    ///
+    /// [`CommError::Aborted`], [`CommError::PeerDied`] or [`CommError::PeerGone`].
+    pub fn check(&self) -> Result<(), CommError> {
+        self.world_ref()
+            .check(self.world_rank(), &self.inner.members)
+    }
+
+    /// Raises an abort: every rank's blocked and future operations fail with
+    /// [`CommError::Aborted`] naming this rank and `message`.
+    pub fn abort(&self, message: &str) {
+        self.world_ref().abort(self.world_rank(), message);
+    }
+
+    fn barrier_words(&self) -> &Barrier {
+        // SAFETY: `barrier_off` is the offset of a zero-initialised `Barrier` inside `ctrl`
+        // (the world or domain layout), 4-aligned; it is only accessed atomically.
+        unsafe {
+            &*self
+                .inner
+                .ctrl
+                .as_ptr()
+                .add(self.inner.barrier_off)
+                .cast::<Barrier>()
+        }
+    }
+
+    /// Waits until every member has called `barrier`.
+    ///
+    /// # Collective
+    ///
+    /// Every member calls it.
+    ///
+    /// # Errors
+    ///
+    /// A dead or failed member (named), an abort, or the deadline (`PTO_WAIT_TIMEOUT_MS`).
+    /// After an error the communicator must not be used for collectives again.
+    pub fn barrier(&self) -> Result<(), CommError> {
+        let w = self.world_ref();
+        self.check()?;
+        self.barrier_words()
+            .wait(self.size() as u32, w.deadline(), || self.check())
+            .map_err(wait_err(
+                || format!("barrier of {} ranks", self.size()),
+                self.world_rank(),
+            ))
+    }
+
+    /// A communicator over a subset of the world: `members` lists world ranks, and a member's
+    /// dense rank in the domain is its position in the list.
+    ///
+    /// # Collective
+    ///
+    /// Every listed member calls it with the same list; others do not.
+    ///
+    /// # Errors
+    ///
+    /// An empty list, a duplicate, a rank outside the world, a caller that is not listed, or
+    /// members that passed different lists; and the failures of a barrier.
+    pub fn domain(&self, members: &[usize]) -> Result<Comm, CommError> {
+        let w = self.world_ref();
+        let me = self.world_rank();
+        let bad = |why: String| CommError::BadDomain {
+            members: members.to_vec(),
+            why,
+        };
+        if members.is_empty() {
+            return Err(bad("no members".into()));
+        }
+        let mut seen = vec![false; w.size];
+        for &m in members {
+            if m >= w.size {
+                return Err(bad(format!("rank {m} is not in the world of {}", w.size)));
+            }
+            if std::mem::replace(&mut seen[m], true) {
+                return Err(bad(format!("rank {m} is listed twice")));
+            }
+        }
+        let Some(rank) = members.iter().position(|&m| m == me) else {
+            return Err(bad(format!("rank {me} is not a member")));
+        };
+        let list: Vec<u32> = members.iter().map(|&m| m as u32).collect();
+        let seq = {
+            let mut s = self.inner.guard.domain_seq.lock();
+            let e = s.entry(list.clone()).or_insert(0);
+            *e += 1;
+            *e
+        };
+        let name = format!("{}.d{:x}-{seq}", w.prefix, hash_members(&list));
+        let n = list.len();
+        // Domain control: barrier at 256, member list at 320.
+        let len = 320 + 4 * n;
+        let ctrl = if rank == 0 {
+            let seg = w.create(
+                &name,
+                len,
+                HeaderInit {
+                    kind: segment_kind::DOMAIN,
+                    nranks: n as u32,
+                    generation: seq,
+                    ..HeaderInit::default()
+                },
+            )?;
+            for (i, &m) in list.iter().enumerate() {
+                seg.atomic_u32(320 + 4 * i)
+                    .store(m, std::sync::atomic::Ordering::Release);
+            }
+            seg
+        } else {
+            let seg = w.open(&name, me, list[0], w.deadline())?;
+            let h = seg.header();
+            if h.nranks as usize != n || seg.len() < len {
+                return Err(CommError::Mismatch {
+                    what: "domain size",
+                    theirs: u64::from(h.nranks),
+                    source_desc: format!("rank {}", list[0]),
+                    ours: n as u64,
+                });
+            }
+            seg
+        };
+        let dom = Comm {
+            inner: Arc::new(CommInner {
+                guard: self.inner.guard.clone(),
+                members: list.clone(),
+                rank,
+                ctrl,
+                barrier_off: 256,
+                key: name.clone(),
+                window_seq: Mutex::new(0),
+            }),
+        };
+        // Everyone joined (the creator's list is published before its barrier arrival).
+        dom.barrier()?;
+        for (i, &m) in list.iter().enumerate() {
+            let theirs = dom
+                .inner
+                .ctrl
+                .atomic_u32(320 + 4 * i)
+                .load(std::sync::atomic::Ordering::Acquire);
+            if theirs != m {
+                return Err(CommError::Mismatch {
+                    what: "domain member list entry",
+                    theirs: u64::from(theirs),
+                    source_desc: format!("rank {} (dense rank {i})", list[0]),
+                    ours: u64::from(m),
+                });
+            }
+        }
+        if rank == 0 {
+            w.forget(&name);
+        }
+        Ok(dom)
+    }
+
+    /// Allocates a symmetric window: `spec.bytes` on every member, zeroed, with its named
+    /// buffers carved in order. Returns after every member's window is zeroed (so no peer's
+    /// first signal can be wiped).
+    ///
+    /// # Collective
+    ///
+    /// Every member calls it with the same size.
+    ///
+    /// # Errors
+    ///
+    /// A size of 0 or too large, buffers that do not fit, members that disagree on the size or
+    /// rank count (the error names both values), no space in `/dev/shm`, and the failures of a
+    /// barrier.
+    pub fn alloc_window(&self, spec: &WindowSpec) -> Result<Window, CommError> {
+        let seq = {
+            let mut s = self.inner.window_seq.lock();
+            *s += 1;
+            *s
+        };
+        Window::allocate(self, spec, seq)
+    }
+
+    pub(crate) fn create_or_open(
+        &self,
+        name: &str,
+        len: usize,
+        init: HeaderInit,
+    ) -> Result<Arc<Segment>, CommError> {
+        let w = self.world_ref();
+        if self.rank() == 0 {
+            w.create(name, len, init)
+        } else {
+            w.open(name, self.world_rank(), self.inner.members[0], w.deadline())
+        }
+    }
+
+    pub(crate) fn forget(&self, name: &str) {
+        if self.rank() == 0 {
+            self.world_ref().forget(name);
+        }
+    }
+
+    /// The deadline a wait started now should use (`PTO_WAIT_TIMEOUT_MS` by default).
+    pub fn deadline(&self) -> std::time::Instant {
+        self.world_ref().deadline()
+    }
+}

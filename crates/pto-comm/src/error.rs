@@ -1,0 +1,147 @@
+//! Errors of the communication layer, each naming the rank, peer, window or segment involved.
+
+use std::time::Duration;
+
+use pto_shm::ShmError;
+
+/// A communication error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommError {
+    /// A communicator size of 0 or above [`crate::MAX_RANKS`].
+    #[error("invalid communicator size {size}: must be 1 to {max}")]
+    BadSize {
+        /// The size asked for.
+        size: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// A rank at or above the size.
+    #[error("rank {rank} is out of range for a communicator of {size} ranks")]
+    BadRank {
+        /// The rank.
+        rank: usize,
+        /// The size.
+        size: usize,
+    },
+    /// A domain's member list is invalid or does not contain the caller.
+    #[error("invalid domain {members:?}: {why}")]
+    BadDomain {
+        /// The member list (world ranks).
+        members: Vec<usize>,
+        /// What is wrong.
+        why: String,
+    },
+    /// A window size of 0, or one too large.
+    #[error("invalid window size {bytes}: {why}")]
+    BadWindow {
+        /// The size asked for.
+        bytes: usize,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// Named buffers that do not fit their window, or a bad buffer spec.
+    #[error("buffer {name:?}: {why}")]
+    BadBuffer {
+        /// The buffer.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// An access past the end of a window.
+    #[error(
+        "{op} of {len} bytes at offset {offset} on rank {rank} is outside the {size}-byte window"
+    )]
+    OutOfBounds {
+        /// The operation.
+        op: &'static str,
+        /// Target rank.
+        rank: usize,
+        /// Offset.
+        offset: usize,
+        /// Length.
+        len: usize,
+        /// Window size.
+        size: usize,
+    },
+    /// An atomic or signal at an offset not aligned to its size.
+    #[error("{op} at offset {offset} is not {align}-byte aligned")]
+    Misaligned {
+        /// The operation.
+        op: &'static str,
+        /// Offset.
+        offset: usize,
+        /// Required alignment.
+        align: usize,
+    },
+    /// Peers disagree on a collective's parameters.
+    #[error("peers disagree on {what}: {theirs} (from {source_desc}) versus {ours} on this rank")]
+    Mismatch {
+        /// What differs.
+        what: &'static str,
+        /// The value the creator used.
+        theirs: u64,
+        /// Who set it.
+        source_desc: String,
+        /// This rank's value.
+        ours: u64,
+    },
+    /// A peer died (killed or crashed) while this rank waited for it.
+    #[error("rank {rank} (pid {pid}) died")]
+    PeerDied {
+        /// The dead rank (world rank).
+        rank: usize,
+        /// Its pid.
+        pid: u32,
+    },
+    /// A peer failed (panicked) or exited while this rank waited for it.
+    #[error("rank {rank} {how}")]
+    PeerGone {
+        /// The rank (world rank).
+        rank: usize,
+        /// "failed" or "exited".
+        how: &'static str,
+    },
+    /// A rank raised an abort.
+    #[error("aborted by rank {rank}: {message}")]
+    Aborted {
+        /// Who raised it (world rank).
+        rank: usize,
+        /// Why.
+        message: String,
+    },
+    /// A wait passed its deadline.
+    #[error(
+        "{what} on rank {rank} timed out after {waited:?} (set PTO_WAIT_TIMEOUT_MS to wait longer)"
+    )]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// The waiting rank.
+        rank: usize,
+        /// How long.
+        waited: Duration,
+    },
+    /// A rank slot was already taken (two processes claimed one rank).
+    #[error("rank {rank} already joined (pid {pid})")]
+    AlreadyJoined {
+        /// The rank.
+        rank: usize,
+        /// The pid that holds it.
+        pid: u32,
+    },
+    /// The environment does not describe a rank (for `Comm::from_env`).
+    #[error("environment: {0}")]
+    Env(String),
+    /// The OS layer failed.
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    /// Starting a rank failed.
+    #[error("launching rank {rank}: {source}")]
+    Launch {
+        /// The rank.
+        rank: usize,
+        /// The error.
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,83 @@
+//! # pto-comm: symmetric windows, signals and barriers across ranks
+//!
+//! Ranks share *windows*: the same number of bytes on every rank, addressed by
+//! `(rank, offset)`. A rank writes into a peer's window ([`Window::put`]), reads from it
+//! ([`Window::get`]), updates it atomically ([`Window::fetch_add_u64`]) and synchronizes with
+//! *signals*: a `u32` in a window that peers [`Window::notify`] and its owner
+//! [`Window::wait_until`] reaches a value. Barriers, domains (subsets of ranks with dense ranks)
+//! and named buffers complete the picture.
+//!
+//! Two backends run the same protocols over the same memory layout ([`Backend`]):
+//! * `local`: ranks are threads of one process ([`local::run`], [`local::comms`]);
+//! * `shm`: ranks are processes on one host over POSIX shared memory ([`shm::ShmWorld`],
+//!   [`shm::from_env`]).
+//!
+//! ```
+//! use pto_comm::{local, SignalOp, WindowSpec};
+//! // Each rank sends its rank to its right neighbour and signals it.
+//! let got = local::run(3, |comm| {
+//!     let w = comm.alloc_window(&WindowSpec::new(64))?;
+//!     let (me, n) = (comm.rank(), comm.size());
+//!     w.put_slice(( me + 1) % n, 8, &[me as u64])?;
+//!     w.notify((me + 1) % n, 0, 1, SignalOp::Add)?;
+//!     w.wait_until(0, 1)?;
+//!     Ok::<u64, pto_comm::CommError>(w.get_vec::<u64>(me, 8, 1)?[0])
+//! })?;
+//! let got: Vec<u64> = got.into_iter().map(|r| r.unwrap().unwrap()).collect();
+//! assert_eq!(got, vec![2, 0, 1]);
+//! # Ok::<(), pto_comm::CommError>(())
+//! ```
+//!
+//! Every wait has a deadline (`PTO_WAIT_TIMEOUT_MS`), parks after a short spin, and fails
+//! early, naming the rank, when a peer dies, panics or exits, or when a rank raises
+//! [`Comm::abort`]. Design notes: `docs/design/comm-windows.md`.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod comm;
+pub mod conformance;
+mod context;
+mod error;
+pub mod local;
+pub mod shm;
+mod window;
+mod world;
+
+pub use comm::Comm;
+pub use context::CommContext;
+pub use error::CommError;
+pub use window::{
+    BufferRef, BufferSpec, RemoteRef, SignalOp, Window, WindowSpec, MAX_WINDOW, WINDOW_ALIGN,
+};
+
+/// The most ranks a communicator may have.
+pub const MAX_RANKS: usize = 1024;
+
+/// Where ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// Threads of one process.
+    Local,
+    /// Processes on one host over POSIX shared memory.
+    Shm,
+}
+
+impl Backend {
+    /// `"local"` or `"shm"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Local => "local",
+            Backend::Shm => "shm",
+        }
+    }
+
+    /// Parses a name as printed by [`Backend::name`].
+    pub fn from_name(s: &str) -> Option<Backend> {
+        match s {
+            "local" => Some(Backend::Local),
+            "shm" => Some(Backend::Shm),
+            _ => None,
+        }
+    }
+}

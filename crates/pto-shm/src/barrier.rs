@@ -1,0 +1,113 @@
+//! A sense-reversing barrier in shared memory.
+//!
+//! Each participant snapshots `phase` *before* it arrives, then increments `count`. The last
+//! arriver resets `count` to 0 and only then advances `phase`; everyone else waits for `phase`
+//! to move. A fast participant that leaves and re-enters at once has necessarily seen the new
+//! phase, so it also sees `count == 0` and snapshots the new phase: a re-entry cannot corrupt
+//! the count (the race raised in the seed's review). Waiters park (see [`crate::wait`]).
+//! Design note: `docs/design/barrier.md`; model-checked with loom in `tests/loom.rs`.
+
+use std::time::Instant;
+
+use crate::sync::{AtomicU32, Ordering};
+use crate::wait::{wait_until, wake, WaitError};
+
+/// The barrier's words. `#[repr(C)]`, all zero initially, valid in shared memory.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Barrier {
+    count: AtomicU32,
+    phase: AtomicU32,
+    sleepers: AtomicU32,
+    _pad: AtomicU32,
+}
+
+impl Barrier {
+    /// A zeroed barrier (for heap-allocated use; in shared memory zeroed bytes are one).
+    pub fn new() -> Barrier {
+        Barrier::default()
+    }
+
+    /// Arrives and waits for all `n` participants. After an error the barrier's count includes
+    /// this participant's arrival, so the group must not use it again (the caller aborts).
+    ///
+    /// # Errors
+    ///
+    /// A timeout or the check's error.
+    pub fn wait<E>(
+        &self,
+        n: u32,
+        deadline: Instant,
+        check: impl FnMut() -> Result<(), E>,
+    ) -> Result<(), WaitError<E>> {
+        let phase = self.phase.load(Ordering::Acquire);
+        let arrived = self.count.fetch_add(1, Ordering::AcqRel) + 1;
+        if arrived >= n {
+            self.count.store(0, Ordering::Relaxed);
+            self.phase.fetch_add(1, Ordering::SeqCst);
+            wake(&self.phase, &self.sleepers);
+            return Ok(());
+        }
+        wait_until(&self.phase, &self.sleepers, |v| v != phase, deadline, check)
+    }
+
+    /// Completed barrier rounds (wraps).
+    pub fn phase(&self) -> u32 {
+        self.phase.load(Ordering::Acquire)
+    }
+
+    /// Wakes every waiter so that it re-runs its check (used to deliver an abort).
+    pub fn poke(&self) {
+        wake(&self.phase, &self.sleepers);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn back_to_back_rounds_with_a_per_phase_check() {
+        const N: u32 = 4;
+        const ROUNDS: u32 = 5000;
+        let b = Arc::new(Barrier::new());
+        let seen = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let hs: Vec<_> = (0..N)
+            .map(|_| {
+                let (b, seen) = (b.clone(), seen.clone());
+                std::thread::spawn(move || {
+                    for r in 0..ROUNDS {
+                        seen.fetch_add(1, Ordering::SeqCst);
+                        let deadline = Instant::now() + Duration::from_secs(20);
+                        b.wait(N, deadline, || Ok::<(), ()>(())).unwrap();
+                        // Everyone arrived for round r, nobody for round r + 1 yet... is not
+                        // guaranteed (fast ranks re-enter), but at least (r + 1) * N arrivals.
+                        assert!(seen.load(Ordering::SeqCst) >= (r + 1) * N);
+                        b.wait(N, deadline, || Ok::<(), ()>(())).unwrap();
+                        assert!(seen.load(Ordering::SeqCst) <= (r + 1) * N + N);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(b.phase(), 2 * ROUNDS);
+    }
+
+    #[test]
+    fn a_missing_participant_times_out_or_fails_the_check() {
+        let b = Barrier::new();
+        let r = b.wait(2, Instant::now() + Duration::from_millis(30), || {
+            Ok::<(), ()>(())
+        });
+        assert!(matches!(r, Err(WaitError::Timeout { .. })));
+        let b = Barrier::new();
+        let r = b.wait(2, Instant::now() + Duration::from_secs(5), || {
+            Err("rank 1 died")
+        });
+        assert_eq!(r, Err(WaitError::Check("rank 1 died")));
+    }
+}

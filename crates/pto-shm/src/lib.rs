@@ -1,0 +1,99 @@
+//! # pto-shm: the OS layer under pto's communication
+//!
+//! * [`Segment`]: named POSIX shared-memory segments with explicit ownership (the creator
+//!   unlinks), sized with `fallocate` so a full `/dev/shm` is an error instead of a `SIGBUS`, and
+//!   a validated [`Header`].
+//! * [`futex`]: cross-process wait and wake on a 32-bit word, with a timeout.
+//! * [`barrier`]: a sense-reversing barrier that parks and stays correct when a fast rank
+//!   re-enters at once.
+//! * [`wait`]: the one waiting loop every blocking operation uses (spin, then park in short
+//!   slices, checking a deadline and the liveness of the peers waited for).
+//! * [`process`]: process identity (pid plus start time) and liveness.
+//! * [`sweep`]: finds and removes segments whose creator died.
+//!
+//! Design notes: `docs/design/shm-segments.md` and `docs/design/barrier.md`.
+
+#![warn(missing_docs)]
+
+pub mod barrier;
+pub mod futex;
+pub mod process;
+mod segment;
+pub mod sweep;
+pub mod sync;
+pub mod wait;
+
+pub use segment::{nonce, Header, HeaderInit, Segment, HEADER_LEN, MAGIC, VERSION};
+
+/// The `kind` values pto writes in segment headers.
+pub mod segment_kind {
+    /// A communicator's world control segment.
+    pub const WORLD: u32 = 1;
+    /// A domain's control segment.
+    pub const DOMAIN: u32 = 2;
+    /// A window allocation.
+    pub const WINDOW: u32 = 3;
+    /// A chip's bootstrap channel or mailbox.
+    pub const MAILBOX: u32 = 4;
+}
+
+use std::io;
+
+/// Errors of the OS layer, each naming what failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShmError {
+    /// A system call failed.
+    #[error("{op} {name}: {source}")]
+    Os {
+        /// The operation.
+        op: &'static str,
+        /// The segment (or other object).
+        name: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `/dev/shm` has no room for the segment.
+    #[error("no space in /dev/shm for segment {name} ({bytes} bytes)")]
+    NoSpace {
+        /// The segment.
+        name: String,
+        /// Its size.
+        bytes: u64,
+    },
+    /// A segment name that is not `/pto.` followed by letters, digits, `.`, `_` or `-`.
+    #[error("invalid segment name {0:?}")]
+    BadName(String),
+    /// A size of zero or one that cannot be mapped.
+    #[error("invalid segment size {bytes} for {name}")]
+    BadSize {
+        /// The segment.
+        name: String,
+        /// The size asked for.
+        bytes: u64,
+    },
+    /// The segment is not a pto segment of this version.
+    #[error("segment {name} is not a valid pto segment: {why}")]
+    BadHeader {
+        /// The segment.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// The segment's creator is dead: a stale segment of a crashed run.
+    #[error("segment {name} is stale: its creator (pid {pid}) is dead")]
+    Stale {
+        /// The segment.
+        name: String,
+        /// The creator's pid.
+        pid: u32,
+    },
+    /// The segment did not appear or become ready before the deadline.
+    #[error("segment {name} was not ready within {waited_ms} ms")]
+    Timeout {
+        /// The segment.
+        name: String,
+        /// How long we waited.
+        waited_ms: u64,
+    },
+}

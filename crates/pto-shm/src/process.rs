@@ -1,0 +1,106 @@
+//! Process identity and liveness.
+//!
+//! A pid alone is not an identity: pids are reused. A [`ProcessId`] pairs the pid with the
+//! process's start time (clock ticks since boot, field 22 of `/proc/<pid>/stat`), so a recycled
+//! pid is not mistaken for the original process. A zombie (killed, not yet reaped) counts as
+//! dead.
+
+use std::fmt;
+
+/// A process: pid and start time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProcessId {
+    /// The pid.
+    pub pid: u32,
+    /// Start time in clock ticks since boot (0 when unknown).
+    pub start: u64,
+}
+
+impl fmt::Display for ProcessId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pid {}", self.pid)
+    }
+}
+
+/// State letter and start time of `pid`, from `/proc/<pid>/stat`.
+fn stat(pid: u32) -> Option<(char, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces: parse after the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Fields after the name start at field 3 (state); start time is field 22.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
+}
+
+impl ProcessId {
+    /// This process.
+    pub fn current() -> ProcessId {
+        let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        ProcessId {
+            pid,
+            start: stat(pid).map_or(0, |s| s.1),
+        }
+    }
+
+    /// True while the process exists, is not a zombie, and has the same start time.
+    pub fn is_alive(&self) -> bool {
+        match stat(self.pid) {
+            Some((state, start)) => {
+                !matches!(state, 'Z' | 'X' | 'x') && (self.start == 0 || start == self.start)
+            }
+            None => false,
+        }
+    }
+}
+
+/// Asks the kernel to send `SIGKILL` to this process when its parent thread exits, then checks
+/// that the parent is still `parent` (closing the race where it died before the request).
+///
+/// # Errors
+///
+/// The `prctl` error, or `Err` when the parent already changed.
+pub fn die_with_parent(parent: u32) -> std::io::Result<()> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+    let now = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
+    if now != parent {
+        return Err(std::io::Error::other(format!(
+            "parent {parent} already exited (parent is now {now})"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive_and_a_made_up_one_is_not() {
+        let me = ProcessId::current();
+        assert!(me.start > 0);
+        assert!(me.is_alive());
+        assert!(!ProcessId {
+            pid: me.pid,
+            start: me.start + 1
+        }
+        .is_alive());
+        assert!(!ProcessId {
+            pid: u32::MAX - 1,
+            start: 0
+        }
+        .is_alive());
+    }
+
+    #[test]
+    fn a_reaped_child_is_dead() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let id = ProcessId {
+            pid: child.id(),
+            start: 0,
+        };
+        child.wait().unwrap();
+        assert!(!id.is_alive());
+    }
+}

@@ -1,0 +1,87 @@
+//! The waiting loop every blocking operation uses.
+//!
+//! Spin briefly (cheap when the peer is about to arrive), then park on the word in short slices
+//! (so that many ranks on few CPUs make progress and nobody burns a core), checking between
+//! slices the deadline and a caller-supplied liveness check (dead peer, raised abort). The
+//! waker publishes its change with `SeqCst` and wakes only when the `sleepers` count says
+//! someone parked; the sleeper registers in `sleepers` with `SeqCst` before re-checking the
+//! word, so one of the two always sees the other (the store-buffer pattern).
+
+use std::time::{Duration, Instant};
+
+use crate::sync::{fence, AtomicU32, Ordering, Park};
+
+/// Spins before the first park.
+pub const SPIN: u32 = 256;
+/// Longest single park; bounds how late a deadline or a failure is noticed.
+pub const SLICE: Duration = Duration::from_millis(10);
+/// How often the liveness check runs while parked.
+pub const CHECK_EVERY: Duration = Duration::from_millis(20);
+
+/// Why a wait ended without its condition.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WaitError<E> {
+    /// The deadline passed.
+    Timeout {
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The liveness check failed.
+    Check(E),
+}
+
+/// Waits until `ready(word)` holds, the deadline passes, or `check` fails.
+///
+/// # Errors
+///
+/// [`WaitError::Timeout`] or the check's error.
+pub fn wait_until<E>(
+    word: &AtomicU32,
+    sleepers: &AtomicU32,
+    mut ready: impl FnMut(u32) -> bool,
+    deadline: Instant,
+    mut check: impl FnMut() -> Result<(), E>,
+) -> Result<(), WaitError<E>> {
+    for i in 0..SPIN {
+        if ready(word.load(Ordering::Acquire)) {
+            return Ok(());
+        }
+        if i % 32 == 31 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    let start = Instant::now();
+    let mut last_check = start;
+    loop {
+        if ready(word.load(Ordering::Acquire)) {
+            return Ok(());
+        }
+        let now = Instant::now();
+        if now.duration_since(last_check) >= CHECK_EVERY || now >= deadline {
+            check().map_err(WaitError::Check)?;
+            last_check = now;
+        }
+        if now >= deadline {
+            return Err(WaitError::Timeout {
+                waited: now.duration_since(start),
+            });
+        }
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let v = word.load(Ordering::SeqCst);
+        if !ready(v) {
+            word.park(v, SLICE.min(deadline - now));
+        }
+        sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// After changing `word` (with `SeqCst`), wakes its sleepers if there are any.
+pub fn wake(word: &AtomicU32, sleepers: &AtomicU32) {
+    fence(Ordering::SeqCst);
+    if sleepers.load(Ordering::SeqCst) > 0 {
+        word.unpark_all();
+    }
+}
