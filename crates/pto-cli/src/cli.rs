@@ -22,6 +22,24 @@ pub enum Command {
     Bench(BenchArgs),
     /// Print the PTO_* environment variables pto reads, with their values.
     Env,
+    /// List pto shared-memory segments and remove those whose creator is dead.
+    Clean(CleanArgs),
+    /// Internal: the body of a rank process started by `pto` itself.
+    #[command(hide = true, name = "__rank")]
+    Rank {
+        /// The job.
+        job: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct CleanArgs {
+    /// Only list; remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Also remove segments whose creator is alive (dangerous while pto runs).
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Debug, Args)]
@@ -50,6 +68,12 @@ pub struct BenchArgs {
     /// What to measure.
     #[arg(value_enum)]
     pub what: BenchKind,
+    /// Backend for `comm`: local (threads) or shm (processes).
+    #[arg(long, default_value = "shm")]
+    pub backend: String,
+    /// Ranks for `comm`.
+    #[arg(long, default_value_t = 2)]
+    pub ranks: usize,
     /// Tasks per pattern.
     #[arg(long, default_value_t = 200_000)]
     pub tasks: usize,
@@ -72,4 +96,6 @@ pub struct BenchArgs {
 pub enum BenchKind {
     /// Per-task cost of dependency-inferred graphs: a serial chain and a 1 -> N fan.
     Dag,
+    /// Barrier, put bandwidth and signal ping-pong across ranks.
+    Comm,
 }

@@ -207,7 +207,7 @@ impl Comm {
     /// After an error the communicator must not be used for collectives again.
     pub fn barrier(&self) -> Result<(), CommError> {
         let w = self.world_ref();
-        self.check()?;
+        w.check_abort()?;
         self.barrier_words()
             .wait(self.size() as u32, w.deadline(), || self.check())
             .map_err(wait_err(

@@ -382,3 +382,25 @@ fn size_mismatch(c: &Comm) -> Result<(), String> {
         other => Err(format!("rank {}: unexpected {other:?}", c.rank())),
     }
 }
+
+/// The barrier stress test: `rounds` back-to-back barriers with a per-phase check. Before round
+/// `i` every rank adds 1 to counter `i % 2` in rank 0's window; after the barrier that counter
+/// must be exactly `(i / 2 + 1) × n` (a fast rank cannot touch it again before every rank has
+/// passed the next barrier), so any lost or doubled arrival fails.
+///
+/// # Errors
+///
+/// The first wrong count or communication error, as text.
+pub fn stress_barrier(c: &Comm, rounds: u64) -> Result<(), String> {
+    let n = c.size() as u64;
+    let w = c.alloc_window(&WindowSpec::new(64)).map_err(e)?;
+    for i in 0..rounds {
+        let off = 8 * (i % 2) as usize;
+        w.fetch_add_u64(0, off, 1).map_err(e)?;
+        c.barrier().map_err(e)?;
+        let v = w.load_u64(0, off).map_err(e)?;
+        let want = (i / 2 + 1) * n;
+        ensure(v == want, || format!("round {i}: counter {v}, want {want}"))?;
+    }
+    w.release().map_err(e)
+}

@@ -121,6 +121,25 @@ impl ShmWorld {
         ))))
     }
 
+    /// Sends `SIGKILL` to the process of rank `rank` (it is reaped by [`ShmWorld::wait`]).
+    ///
+    /// # Errors
+    ///
+    /// No process was spawned for that rank, or the kill failed.
+    pub fn kill(&mut self, rank: usize) -> Result<(), CommError> {
+        let (_, child) =
+            self.children
+                .iter_mut()
+                .find(|(r, _)| *r == rank)
+                .ok_or(CommError::BadRank {
+                    rank,
+                    size: self.world.size,
+                })?;
+        child
+            .kill()
+            .map_err(|source| CommError::Launch { rank, source })
+    }
+
     /// Waits for every spawned rank to exit, at most `timeout`; ranks still running then are
     /// killed. A rank that exits with failure is marked failed at once, so its peers stop
     /// waiting for it. Returns each rank's exit status, in spawn order.

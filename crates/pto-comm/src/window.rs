@@ -639,7 +639,7 @@ impl Window {
     /// As [`Comm::barrier`].
     pub fn barrier(&self) -> Result<(), CommError> {
         let comm = &self.inner.comm;
-        comm.check()?;
+        comm.world_ref().check_abort()?;
         // SAFETY: the control page holds a zero-initialised `Barrier` at OFF_BARRIER.
         let b = unsafe { &*self.inner.seg.as_ptr().add(OFF_BARRIER).cast::<Barrier>() };
         b.wait(self.ranks() as u32, comm.deadline(), || comm.check())

@@ -163,13 +163,27 @@ impl World {
         })
     }
 
+    /// The cheap part of [`World::check`]: the abort word only (no system call), for the
+    /// start of every collective.
+    pub(crate) fn check_abort(&self) -> Result<(), CommError> {
+        match self.aborted() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Errors when the world was aborted or one of `peers` (world ranks) is dead, failed or
-    /// gone. Ranks that have not joined yet are assumed to be starting.
+    /// gone. Ranks that have not joined yet are assumed to be starting. Reads `/proc` for
+    /// every running peer on the shm backend: waits call it every few milliseconds, not on
+    /// every operation.
     pub(crate) fn check(&self, me: usize, peers: &[u32]) -> Result<(), CommError> {
         if let Some(e) = self.aborted() {
             return Err(e);
         }
         let shm = matches!(self.provider, Provider::Shm);
+        // A dead or failed peer is the cause; a peer that exited may only have reacted to it,
+        // so it is reported only when no peer is dead or failed.
+        let mut exited = None;
         for &p in peers {
             let p = p as usize;
             if p == me {
@@ -183,12 +197,7 @@ impl World {
                         how: "failed",
                     })
                 }
-                EXITED => {
-                    return Err(CommError::PeerGone {
-                        rank: p,
-                        how: "exited",
-                    })
-                }
+                EXITED => exited = exited.or(Some(p)),
                 RUNNING if shm => {
                     let id = ProcessId {
                         pid: pid.load(Ordering::Acquire),
@@ -204,7 +213,13 @@ impl World {
                 _ => {}
             }
         }
-        Ok(())
+        match exited {
+            Some(rank) => Err(CommError::PeerGone {
+                rank,
+                how: "exited",
+            }),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn deadline(&self) -> Instant {

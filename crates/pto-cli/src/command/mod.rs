@@ -1,6 +1,8 @@
 //! One module per verb.
 
 mod bench;
+mod clean;
+mod comm_bench;
 mod run;
 
 use std::process::ExitCode;
@@ -17,6 +19,11 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(a) => bench::bench(&a),
+        Command::Clean(a) => clean::clean(&a),
+        Command::Rank { job } => match job.as_str() {
+            "bench-comm" => comm_bench::rank_main(),
+            other => anyhow::bail!("unknown rank job {other:?}"),
+        },
         Command::Env => {
             for v in pto::config::VARS {
                 let cur = std::env::var(v.name).unwrap_or_else(|_| "(unset)".into());

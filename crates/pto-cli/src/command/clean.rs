@@ -1,0 +1,34 @@
+//! `pto clean`: list pto segments and remove stale ones.
+
+use std::process::ExitCode;
+
+use crate::cli::CleanArgs;
+
+pub fn clean(a: &CleanArgs) -> anyhow::Result<ExitCode> {
+    let all = pto_shm::sweep::list();
+    if all.is_empty() {
+        println!("no pto segments in /dev/shm");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut removed = 0;
+    for s in &all {
+        let creator = s.creator.map_or_else(
+            || "unknown creator".to_string(),
+            |c| format!("creator pid {}", c.pid),
+        );
+        let state = if s.alive { "live" } else { "stale" };
+        let remove = !a.dry_run && (!s.alive || a.all);
+        println!(
+            "{:<60} {:>12} bytes  {creator:<20} {state}{}",
+            s.name,
+            s.bytes,
+            if remove { "  removed" } else { "" }
+        );
+        if remove {
+            pto_shm::Segment::unlink(&s.name)?;
+            removed += 1;
+        }
+    }
+    println!("{} segment(s), {removed} removed", all.len());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,171 @@
+//! `pto bench comm`: barrier latency, put bandwidth and signal ping-pong, with single-core
+//! memcpy as the bandwidth baseline measured in the same run.
+
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use pto_comm::{Comm, SignalOp, WindowSpec};
+use serde_json::json;
+
+use crate::cli::BenchArgs;
+
+const SIZES: [usize; 4] = [8, 4096, 1 << 20, 64 << 20];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Microseconds per call of `f`, the median of 5 batches of `iters`.
+fn time_us(iters: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    let mut v = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..iters {
+            f()?;
+        }
+        v.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+    }
+    Ok(median(v))
+}
+
+fn memcpy_gbps(bytes: usize) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    dst.copy_from_slice(&src); // fault the pages in
+    let iters = (256 << 20) / bytes.max(1) + 1;
+    let us = time_us(iters.min(100_000), || {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        Ok(())
+    })
+    .unwrap_or(f64::NAN);
+    bytes as f64 / us / 1e3
+}
+
+/// Every rank runs this; rank 0 prints the JSON lines.
+fn run(comm: &Comm, json: bool, backend: &str) -> anyhow::Result<()> {
+    let (me, n) = (comm.rank(), comm.size());
+    let max = *SIZES.iter().max().unwrap_or(&8);
+    let w = comm.alloc_window(&WindowSpec::new(max + 64))?;
+    let emit = |v: serde_json::Value| {
+        if me == 0 {
+            if json {
+                println!("{v}");
+            } else {
+                println!(
+                    "{}",
+                    v.to_string()
+                        .replace(['{', '}', '"'], "")
+                        .replace(',', "  ")
+                );
+            }
+        }
+    };
+    // Barrier.
+    for _ in 0..1000 {
+        comm.barrier()?;
+    }
+    let us = time_us(20_000, || Ok(comm.barrier()?))?;
+    emit(
+        json!({"bench": "barrier", "backend": backend, "ranks": n, "us": (us * 1000.0).round() / 1000.0}),
+    );
+    // Put then quiet, rank 0 to rank 1 (to itself with one rank).
+    let peer = 1 % n;
+    for bytes in SIZES {
+        let src = vec![0x5au8; bytes];
+        comm.barrier()?;
+        if me == 0 {
+            w.put(peer, 64, &src)?;
+            let iters = ((1usize << 30) / bytes).clamp(4, 200_000);
+            let us = time_us(iters, || {
+                w.put(peer, 64, &src)?;
+                w.quiet();
+                Ok(())
+            })?;
+            let gbps = bytes as f64 / us / 1e3;
+            let base = memcpy_gbps(bytes);
+            emit(json!({
+                "bench": "put", "backend": backend, "ranks": n, "bytes": bytes,
+                "us": (us * 1000.0).round() / 1000.0, "GBps": (gbps * 100.0).round() / 100.0,
+                "memcpy_GBps": (base * 100.0).round() / 100.0,
+                "ratio_vs_memcpy": (gbps / base * 1000.0).round() / 1000.0,
+            }));
+        }
+        comm.barrier()?;
+    }
+    // Signal ping-pong between ranks 0 and 1.
+    if n >= 2 {
+        let rounds = 20_000u32;
+        comm.barrier()?;
+        let t = Instant::now();
+        for i in 1..=rounds {
+            match me {
+                0 => {
+                    w.notify(1, 0, 1, SignalOp::Add)?;
+                    w.wait_until(0, i)?;
+                }
+                1 => {
+                    w.wait_until(0, i)?;
+                    w.notify(0, 0, 1, SignalOp::Add)?;
+                }
+                _ => break,
+            }
+        }
+        let one_way = t.elapsed().as_secs_f64() * 1e6 / f64::from(rounds) / 2.0;
+        emit(
+            json!({"bench": "signal_pingpong", "backend": backend, "ranks": 2, "us": (one_way * 1000.0).round() / 1000.0}),
+        );
+        comm.barrier()?;
+    }
+    Ok(())
+}
+
+/// The body of a rank process started by `bench`.
+pub fn rank_main() -> anyhow::Result<ExitCode> {
+    let comm = pto_comm::shm::from_env()?.context("not started as a rank")?;
+    let json = std::env::var("PTO_BENCH_JSON").is_ok();
+    run(&comm, json, "shm")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
+    if a.ranks == 0 {
+        bail!("--ranks must be at least 1");
+    }
+    match a.backend.as_str() {
+        "local" => {
+            let results = pto_comm::local::run(a.ranks, |c| {
+                run(&c, a.json, "local").map_err(|e| e.to_string())
+            })?;
+            for (r, res) in results.into_iter().enumerate() {
+                match res {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) | Err(e) => bail!("rank {r}: {e}"),
+                }
+            }
+        }
+        "shm" => {
+            let mut world = pto_comm::shm::ShmWorld::create(a.ranks)?;
+            let exe = std::env::current_exe()?;
+            for r in 0..a.ranks {
+                let mut cmd = Command::new(&exe);
+                cmd.args(["__rank", "bench-comm"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::inherit())
+                    .stderr(Stdio::inherit());
+                if a.json {
+                    cmd.env("PTO_BENCH_JSON", "1");
+                }
+                world.spawn(r, cmd)?;
+            }
+            for (r, st) in world.wait(Duration::from_secs(600))? {
+                if !st.success() {
+                    bail!("rank {r} exited with {st}");
+                }
+            }
+        }
+        other => bail!("unknown backend {other:?} (local or shm)"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,245 @@
+//! Failure and stress behaviour with ranks as processes: a rank killed with SIGKILL, a rank
+//! that panics or exits, an abort, stale and mismatched segments, and the barrier stress test
+//! (100 000 barriers on 4 processes, and on 8 processes sharing 2 CPUs).
+
+// Test helpers unwrap: a failure there is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pto_comm::shm::{self, ShmWorld};
+use pto_comm::{CommError, SignalOp, WindowSpec};
+
+const MODE: &str = "PTO_TEST_MODE";
+
+fn spawn_world(mode: &str, n: usize) -> ShmWorld {
+    let mut world = ShmWorld::create(n).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    for r in 0..n {
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "--exact",
+            "rank_entry",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(MODE, mode)
+        .env("PTO_WAIT_TIMEOUT_MS", "30000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+        world.spawn(r, cmd).unwrap();
+    }
+    world
+}
+
+fn statuses(world: &mut ShmWorld, timeout: Duration) -> Vec<(usize, Option<i32>)> {
+    world
+        .wait(timeout)
+        .unwrap()
+        .into_iter()
+        .map(|(r, s)| (r, s.code()))
+        .collect()
+}
+
+#[test]
+fn a_killed_rank_is_named_by_its_peers_within_a_second() {
+    let mut world = spawn_world("wait_for_rank2", 3);
+    // Let everyone reach the barrier (rank 2 only sleeps), then kill rank 2.
+    std::thread::sleep(Duration::from_millis(500));
+    world.kill(2).unwrap();
+    let killed = Instant::now();
+    // Do not reap rank 2 for a second: the survivors must notice a zombie on their own.
+    std::thread::sleep(Duration::from_millis(1000));
+    let st = statuses(&mut world, Duration::from_secs(10));
+    assert!(
+        killed.elapsed() < Duration::from_millis(1500),
+        "survivors took {:?}",
+        killed.elapsed()
+    );
+    for (r, code) in st {
+        match r {
+            // Exit code 0 means the rank saw PeerDied { rank: 2 } (checked in the child).
+            0 | 1 => assert_eq!(code, Some(0), "rank {r}"),
+            _ => assert_eq!(code, None, "rank 2 was killed by a signal"),
+        }
+    }
+}
+
+#[test]
+fn a_panicking_rank_aborts_its_peers() {
+    let mut world = spawn_world("panic_rank1", 3);
+    let t = Instant::now();
+    let st = statuses(&mut world, Duration::from_secs(20));
+    assert!(t.elapsed() < Duration::from_secs(10));
+    for (r, code) in st {
+        if r == 1 {
+            assert_ne!(code, Some(0), "rank 1 panicked");
+        } else {
+            assert_eq!(code, Some(0), "rank {r} did not report the abort");
+        }
+    }
+}
+
+#[test]
+fn an_abort_wakes_a_signal_waiter_and_an_exit_is_noticed() {
+    let mut world = spawn_world("abort_and_exit", 3);
+    for (r, code) in statuses(&mut world, Duration::from_secs(20)) {
+        assert_eq!(code, Some(0), "rank {r}");
+    }
+}
+
+#[test]
+fn joins_are_validated() {
+    let world = ShmWorld::create(2).unwrap();
+    let name = world.name().to_string();
+    assert!(matches!(
+        shm::join(&name, 2, 2),
+        Err(CommError::BadRank { rank: 2, size: 2 })
+    ));
+    assert!(matches!(
+        shm::join(&name, 0, 0),
+        Err(CommError::BadSize { size: 0, .. })
+    ));
+    assert!(matches!(
+        shm::join(&name, 0, 5000),
+        Err(CommError::BadSize { .. })
+    ));
+    match shm::join(&name, 0, 3) {
+        Err(CommError::Mismatch {
+            theirs: 2, ours: 3, ..
+        }) => {}
+        other => panic!("expected a rank-count mismatch, got {other:?}"),
+    }
+    let c0 = shm::join(&name, 0, 2).unwrap();
+    assert!(matches!(
+        shm::join(&name, 0, 2),
+        Err(CommError::AlreadyJoined { rank: 0, .. })
+    ));
+    drop(c0);
+    assert!(
+        matches!(
+            shm::join("/pto.1.nonexistent", 0, 2),
+            Err(CommError::Shm(pto_shm::ShmError::Timeout { .. })
+                | CommError::Shm(pto_shm::ShmError::Stale { .. }))
+        ) || std::env::var("PTO_WAIT_TIMEOUT_MS").is_err()
+    );
+}
+
+#[test]
+fn a_stale_world_of_a_crashed_launcher_is_refused_and_swept() {
+    // A child creates a world and dies without cleaning up.
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(&exe)
+        .args([
+            "--exact",
+            "rank_entry",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(MODE, "leak_world")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let name = text
+        .lines()
+        .find_map(|l| l.split("WORLD ").nth(1))
+        .expect("the child printed its world name")
+        .to_string();
+    match shm::join(&name, 0, 2) {
+        Err(CommError::Shm(pto_shm::ShmError::Stale { .. })) => {}
+        other => panic!("expected a stale-segment error, got {other:?}"),
+    }
+    let swept = pto_shm::sweep::sweep_stale().unwrap();
+    assert!(swept.iter().any(|s| s.name == name), "{swept:?}");
+}
+
+#[test]
+fn barrier_stress_4_processes() {
+    let mut world = spawn_world("stress", 4);
+    for (r, code) in statuses(&mut world, Duration::from_secs(120)) {
+        assert_eq!(code, Some(0), "rank {r}");
+    }
+}
+
+#[test]
+fn barrier_stress_8_processes_on_2_cpus() {
+    let mut world = spawn_world("stress", 8);
+    for (r, code) in statuses(&mut world, Duration::from_secs(240)) {
+        assert_eq!(code, Some(0), "rank {r}");
+    }
+}
+
+/// Not a test on its own: the body of one rank process.
+#[test]
+#[ignore = "entered by the tests above in child processes"]
+fn rank_entry() {
+    let Ok(mode) = std::env::var(MODE) else {
+        return;
+    };
+    if mode == "leak_world" {
+        let w = ShmWorld::create(2).unwrap();
+        println!("WORLD {}", w.name());
+        // Exit without running destructors: the segment stays, its creator dies.
+        std::process::exit(0);
+    }
+    let comm = shm::from_env().unwrap().expect("launched as a rank");
+    let me = comm.rank();
+    let fail = |msg: String| -> ! {
+        eprintln!("rank {me}: {msg}");
+        std::process::exit(1)
+    };
+    match mode.as_str() {
+        "wait_for_rank2" => {
+            if me == 2 {
+                std::thread::sleep(Duration::from_secs(60));
+                return;
+            }
+            match comm.barrier() {
+                Err(CommError::PeerDied { rank: 2, .. })
+                | Err(CommError::PeerGone { rank: 2, .. }) => {}
+                other => fail(format!("expected rank 2 to be named, got {other:?}")),
+            }
+        }
+        "panic_rank1" => {
+            comm.barrier().unwrap();
+            if me == 1 {
+                std::thread::sleep(Duration::from_millis(100));
+                panic!("rank 1 fails on purpose");
+            }
+            match comm.barrier() {
+                Err(CommError::Aborted { rank: 1, message }) if message.contains("panicked") => {}
+                Err(CommError::PeerGone { rank: 1, .. }) => {}
+                other => fail(format!("expected rank 1's failure, got {other:?}")),
+            }
+        }
+        "abort_and_exit" => {
+            let w = comm.alloc_window(&WindowSpec::new(64)).unwrap();
+            match me {
+                0 => {
+                    std::thread::sleep(Duration::from_millis(100));
+                    comm.abort("giving up on purpose");
+                }
+                1 => match w.wait_until(0, 1) {
+                    Err(CommError::Aborted { rank: 0, message })
+                        if message == "giving up on purpose" => {}
+                    other => fail(format!("expected the abort, got {other:?}")),
+                },
+                _ => match w.wait_until(0, 1) {
+                    Err(CommError::Aborted { rank: 0, .. }) => {}
+                    other => fail(format!("expected the abort, got {other:?}")),
+                },
+            }
+            // A notify after an abort still works locally (one-sided), and waits fail fast.
+            w.notify(me, 0, 1, SignalOp::Add).unwrap();
+        }
+        "stress" => {
+            if let Err(m) = pto_comm::conformance::stress_barrier(&comm, 100_000) {
+                fail(m);
+            }
+        }
+        other => fail(format!("unknown mode {other}")),
+    }
+}
