@@ -144,6 +144,7 @@ pub struct TaskArgs {
     pub(crate) scalars: Vec<Scalar>,
     pub(crate) deps: SmallVec<[TaskId; 2]>,
     pub(crate) block_num: u32,
+    pub(crate) deferred: bool,
 }
 
 impl TaskArgs {
@@ -220,6 +221,13 @@ impl TaskArgs {
     /// Explicit dependencies on several tasks.
     pub fn after_all(mut self, tasks: impl IntoIterator<Item = TaskId>) -> TaskArgs {
         self.deps.extend(tasks);
+        self
+    }
+
+    /// Submits the task as deferred: its kernel may register completion conditions and
+    /// tokens, and the task completes only when they hold (see [`crate::KernelCtx::defer`]).
+    pub fn deferred(mut self) -> TaskArgs {
+        self.deferred = true;
         self
     }
 

@@ -20,9 +20,11 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::args::{TaskArgs, TaskId};
 use crate::config::Settings;
+use crate::deferred::{CompletionSender, QueueHost};
 use crate::dtype::Element;
 use crate::engine::{remaining, Blocked, Dag, Job, RingConfig, RunStats};
 use crate::error::{OrchError, RunError};
+use crate::kernel::Registrations;
 use crate::kernel::{KernelCtx, KernelRef, KernelRegistry};
 use crate::tensor::Tensor;
 use crate::trace::{now_us, Trace};
@@ -113,6 +115,7 @@ pub struct ChipBuilder {
     wait: Option<Duration>,
     stall: Option<Duration>,
     ext: Option<Arc<dyn Any + Send + Sync>>,
+    queue: Option<Arc<dyn QueueHost>>,
 }
 
 impl fmt::Debug for ChipBuilder {
@@ -172,6 +175,13 @@ impl ChipBuilder {
         self
     }
 
+    /// The completion queue deferred tasks' tokens are posted to (default: a 4096-entry queue
+    /// in the heap). Pass one that lives in shared memory to let other processes post.
+    pub fn completion_queue(mut self, q: Arc<dyn QueueHost>) -> Self {
+        self.queue = Some(q);
+        self
+    }
+
     /// Starts the chip's threads.
     ///
     /// # Errors
@@ -222,6 +232,7 @@ impl ChipBuilder {
                 sleeping: 0,
                 orch_waiting: false,
                 broken: None,
+                polling: false,
             }),
             work_cv: Condvar::new(),
             orch_cv: Condvar::new(),
@@ -229,6 +240,10 @@ impl ChipBuilder {
             tracing: AtomicBool::new(false),
             cfg: cfg.clone(),
             ext: self.ext,
+            sender: CompletionSender::new(
+                self.queue
+                    .unwrap_or_else(|| Arc::new(pto_shm::ring::HeapQueue::new(4096))),
+            ),
         });
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
@@ -255,6 +270,8 @@ struct ChipState {
     sleeping: usize,
     orch_waiting: bool,
     broken: Option<String>,
+    /// A thread is polling the async wait list.
+    polling: bool,
 }
 
 struct Shared {
@@ -266,6 +283,7 @@ struct Shared {
     tracing: AtomicBool,
     cfg: ChipConfig,
     ext: Option<Arc<dyn Any + Send + Sync>>,
+    sender: CompletionSender,
 }
 
 impl Shared {
@@ -326,7 +344,7 @@ fn panic_message(p: &(dyn Any + Send)) -> String {
     }
 }
 
-fn execute(shared: &Shared, job: &Job) -> (Result<(), String>, Option<(f64, f64)>) {
+fn execute(shared: &Shared, job: &Job) -> (Result<(), String>, Option<(f64, f64)>, Registrations) {
     let trace = shared.tracing.load(Ordering::Relaxed);
     let start = trace.then(now_us);
     let ctx = KernelCtx {
@@ -340,13 +358,18 @@ fn execute(shared: &Shared, job: &Job) -> (Result<(), String>, Option<(f64, f64)
             .map(|_| Cell::new(0))
             .collect(),
         ext: shared.ext.as_deref(),
+        deferred: job.payload.deferred,
+        regs: Default::default(),
+        sender: &shared.sender,
+        wait: shared.cfg.wait_timeout,
     };
     let result = match catch_unwind(AssertUnwindSafe(|| job.kernel.call(&ctx))) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(p) => Err(format!("panicked: {}", panic_message(&*p))),
     };
-    (result, start.map(|s| (s, now_us())))
+    let times = start.map(|s| (s, now_us()));
+    (result, times, ctx.regs.into_inner())
 }
 
 /// Spins until `hint` moves away from `seen` or `spin` passes; true if it moved.
@@ -371,17 +394,20 @@ fn spin_for(hint: &AtomicU64, seen: u64, spin: Duration) -> bool {
 
 fn worker_main(shared: &Shared) {
     let mut st = shared.state.lock();
+    // Consecutive polls of the async wait list that found nothing.
+    let mut idle_polls = 0u32;
     loop {
         if st.shutdown {
             return;
         }
         let gen = st.run_gen;
         if let Some(job) = st.dag.as_mut().and_then(Dag::next_job) {
+            idle_polls = 0;
             shared.kick(&st);
-            let (result, times) = MutexGuard::unlocked(&mut st, || execute(shared, &job));
+            let (result, times, regs) = MutexGuard::unlocked(&mut st, || execute(shared, &job));
             if st.run_gen == gen {
                 if let Some(dag) = st.dag.as_mut() {
-                    dag.finish_block(&job, result, times);
+                    dag.finish_block(&job, result, times, regs);
                 }
                 // No kick here: this thread takes the next block itself; it kicks others only
                 // if more is dispatchable after that.
@@ -391,6 +417,42 @@ fn worker_main(shared: &Shared) {
             }
             continue;
         }
+        // Deferred tasks: poll their conditions (never on a core). Only one thread polls.
+        let waiting = st.dag.as_ref().is_some_and(Dag::has_waiting);
+        if (waiting || !shared.sender.host.queue().is_empty()) && !st.polling {
+            let progressed = st
+                .dag
+                .as_mut()
+                .is_some_and(|d| d.poll_async(shared.sender.host.queue()));
+            if progressed {
+                idle_polls = 0;
+                shared.kick(&st);
+                if st.orch_waiting {
+                    shared.orch_cv.notify_one();
+                }
+                continue;
+            }
+            if st.dag.as_ref().is_some_and(Dag::has_waiting) {
+                idle_polls = idle_polls.saturating_add(1);
+                // Poll again soon: spin for the first polls (latency), then back off to short
+                // sleeps so a long wait does not burn a CPU.
+                let seen = shared.hint.load(Ordering::Acquire);
+                st.polling = true;
+                if idle_polls < 2000 {
+                    MutexGuard::unlocked(&mut st, || {
+                        spin_for(&shared.hint, seen, Duration::from_micros(2));
+                    });
+                } else {
+                    let nap =
+                        Duration::from_micros(50 * u64::from((idle_polls - 2000).min(20) + 1));
+                    st.sleeping += 1;
+                    shared.work_cv.wait_for(&mut st, nap);
+                    st.sleeping -= 1;
+                }
+                st.polling = false;
+                continue;
+            }
+        }
         let seen = shared.hint.load(Ordering::Acquire);
         if MutexGuard::unlocked(&mut st, || spin_for(&shared.hint, seen, shared.cfg.spin)) {
             continue;
@@ -399,8 +461,12 @@ fn worker_main(shared: &Shared) {
             continue;
         }
         st.sleeping += 1;
-        // Idle threads park; the timeout only bounds a missed wake-up.
-        shared.work_cv.wait_for(&mut st, Duration::from_millis(250));
+        // Idle threads park; the timeout bounds a missed wake-up, and lets a parked thread
+        // take over polling deferred tasks.
+        shared.work_cv.wait_for(
+            &mut st,
+            Duration::from_millis(if waiting { 5 } else { 250 }),
+        );
         st.sleeping -= 1;
     }
 }
@@ -414,6 +480,11 @@ impl Chip {
     /// The configuration it was built with.
     pub fn config(&self) -> &ChipConfig {
         &self.cfg
+    }
+
+    /// A sender to this chip's completion queue (for posting deferred tasks' tokens).
+    pub fn completion_sender(&self) -> CompletionSender {
+        self.shared.sender.clone()
     }
 
     /// Why the chip cannot run programs any more, if it cannot.
@@ -510,6 +581,8 @@ impl Chip {
         if let Some(e) = stalled {
             return Err(e);
         }
+        // Drain completions that arrived at the very end (they may be stray).
+        dag.poll_async(self.shared.sender.host.queue());
         if let Some(f) = dag.failures().first() {
             return Err(RunError::TaskFailed {
                 failure: f.clone(),
@@ -518,6 +591,9 @@ impl Chip {
             });
         }
         orch_result.map_err(RunError::Orchestration)?;
+        if !dag.stray.is_empty() {
+            return Err(RunError::Completion(dag.stray.join("; ")));
+        }
         Ok(RunReport {
             program: program.name.clone(),
             wall: t0.elapsed(),

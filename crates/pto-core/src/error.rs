@@ -153,6 +153,9 @@ pub enum RunError {
         /// The tasks still running (task, kernel, core).
         running: String,
     },
+    /// Completions were posted for tokens that name no waiting task of the run.
+    #[error("completion queue: {0}")]
+    Completion(String),
     /// The chip cannot run programs any more (a kernel never returned).
     #[error("chip is unusable: {0}")]
     Broken(String),

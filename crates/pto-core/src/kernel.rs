@@ -1,15 +1,17 @@
 //! Kernels, the registry that names them, and the typed context they run in.
 
 use std::any::Any;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::args::{ArgMode, OutInit, Scalar, TaskId};
+use crate::deferred::{CompletionSender, CompletionToken, Condition};
 use crate::dtype::{DType, Element};
 use crate::tensor::{Region, Tensor, TensorError};
 
@@ -121,6 +123,20 @@ pub enum KernelError {
         index: usize,
         /// The buffer id.
         buffer: u64,
+    },
+    /// A completion condition or token registered by a task not submitted as deferred.
+    #[error("task {task} was not submitted as deferred (TaskArgs::deferred) and cannot register completion conditions")]
+    NotDeferred {
+        /// The task.
+        task: TaskId,
+    },
+    /// More completion conditions than a task may hold.
+    #[error("task {task} registered more than {max} completion conditions")]
+    TooManyConditions {
+        /// The task.
+        task: TaskId,
+        /// The limit.
+        max: usize,
     },
     /// A view operation failed (for example [`crate::TensorMut::assign`] with the wrong
     /// length).
@@ -318,6 +334,30 @@ pub(crate) struct Payload {
     pub(crate) scalars: Vec<Scalar>,
     pub(crate) block_num: u32,
     pub(crate) inits: SmallVec<[(usize, OutInit); 2]>,
+    pub(crate) deferred: bool,
+}
+
+/// The most completion conditions one task may register.
+pub const MAX_CONDITIONS: usize = 64;
+
+/// What a deferred task's kernel registered.
+#[derive(Default)]
+pub(crate) struct Registrations {
+    pub(crate) conds: Vec<(Box<dyn Condition>, Instant)>,
+    pub(crate) tokens: u32,
+    /// Deadline for the expected token posts (the earliest of the registrations).
+    pub(crate) token_deadline: Option<Instant>,
+}
+
+impl fmt::Debug for Registrations {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Registrations({} conditions, {} tokens)",
+            self.conds.len(),
+            self.tokens
+        )
+    }
 }
 
 /// The range of `0..len` that block `block` of `blocks` owns: near-equal contiguous shares.
@@ -337,6 +377,10 @@ pub struct KernelCtx<'a> {
     pub(crate) token: u64,
     pub(crate) flags: SmallVec<[Cell<isize>; 8]>,
     pub(crate) ext: Option<&'a (dyn Any + Send + Sync)>,
+    pub(crate) deferred: bool,
+    pub(crate) regs: RefCell<Registrations>,
+    pub(crate) sender: &'a CompletionSender,
+    pub(crate) wait: Duration,
 }
 
 impl fmt::Debug for KernelCtx<'_> {
@@ -378,6 +422,82 @@ impl<'a> KernelCtx<'a> {
     /// Number of tensor arguments.
     pub fn num_tensors(&self) -> usize {
         self.payload.tensors.len()
+    }
+
+    /// True when the task was submitted as deferred.
+    pub fn is_deferred(&self) -> bool {
+        self.deferred
+    }
+
+    fn register(&self, c: Box<dyn Condition>, deadline: Instant) -> Result<(), KernelError> {
+        if !self.deferred {
+            return Err(KernelError::NotDeferred { task: self.task });
+        }
+        let mut r = self.regs.borrow_mut();
+        if r.conds.len() + r.tokens as usize >= MAX_CONDITIONS {
+            return Err(KernelError::TooManyConditions {
+                task: self.task,
+                max: MAX_CONDITIONS,
+            });
+        }
+        r.conds.push((c, deadline));
+        Ok(())
+    }
+
+    /// Makes the task's completion wait for `c`, with the default deadline
+    /// (`PTO_WAIT_TIMEOUT_MS` from now). The kernel returns at once; the task completes when
+    /// every registered condition holds.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::NotDeferred`] or [`KernelError::TooManyConditions`].
+    pub fn defer(&self, c: impl Condition) -> Result<(), KernelError> {
+        self.register(Box::new(c), Instant::now() + self.wait)
+    }
+
+    /// [`KernelCtx::defer`] with an explicit deadline.
+    ///
+    /// # Errors
+    ///
+    /// As [`KernelCtx::defer`].
+    pub fn defer_until(&self, c: impl Condition, deadline: Instant) -> Result<(), KernelError> {
+        self.register(Box::new(c), deadline)
+    }
+
+    /// Makes the task's completion wait for one more post of its token (through a
+    /// [`CompletionSender`], from any thread, or from another process sharing the queue).
+    /// Every call expects one more post; all calls return the same token.
+    ///
+    /// # Errors
+    ///
+    /// As [`KernelCtx::defer`].
+    pub fn defer_token(&self) -> Result<CompletionToken, KernelError> {
+        if !self.deferred {
+            return Err(KernelError::NotDeferred { task: self.task });
+        }
+        let mut r = self.regs.borrow_mut();
+        if r.conds.len() + r.tokens as usize >= MAX_CONDITIONS {
+            return Err(KernelError::TooManyConditions {
+                task: self.task,
+                max: MAX_CONDITIONS,
+            });
+        }
+        r.tokens += 1;
+        let d = Instant::now() + self.wait;
+        r.token_deadline = Some(r.token_deadline.map_or(d, |x| x.min(d)));
+        Ok(CompletionToken(self.token))
+    }
+
+    /// This task's completion token, without registering a wait for it (to hand out before
+    /// [`KernelCtx::defer_token`]; a post that arrives first is kept and counted).
+    pub fn completion_token(&self) -> CompletionToken {
+        CompletionToken(self.token)
+    }
+
+    /// A sender to the chip's completion queue (to hand to a thread that will post this
+    /// task's token).
+    pub fn completion_sender(&self) -> CompletionSender {
+        self.sender.clone()
     }
     /// Number of scalar arguments.
     pub fn num_scalars(&self) -> usize {

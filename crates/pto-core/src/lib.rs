@@ -51,6 +51,7 @@ mod args;
 mod buffer;
 mod chip;
 pub mod config;
+mod deferred;
 mod dtype;
 mod engine;
 mod error;
@@ -64,13 +65,17 @@ pub use buffer::{AllocError, Buffer, ExternalMemory, BUFFER_ALIGN};
 pub use chip::{
     Chip, ChipBuilder, ChipConfig, Orch, OrchFn, Program, RunOptions, RunReport, Submitted,
 };
+pub use deferred::{
+    CompletionSender, CompletionToken, Condition, Counter, FnCondition, Poll, QueueHost,
+};
 pub use dtype::{Bool, DType, Element};
 pub use engine::RunStats;
 pub use error::{OrchError, RunError, TaskFailure};
 pub use kernel::{
     block_range, CoreId, CoreKind, Kernel, KernelCtx, KernelError, KernelFn, KernelId, KernelRef,
-    KernelRegistry, RegistryError,
+    KernelRegistry, RegistryError, MAX_CONDITIONS,
 };
+pub use pto_shm::ring::{Completion, CompletionQueue, HeapQueue, QueueFull};
 pub use tensor::{overlap, Overlap, Region, Tensor, TensorError, MAX_DIMS};
 pub use trace::{Trace, TraceEvent};
 pub use view::{TensorMut, TensorRef};

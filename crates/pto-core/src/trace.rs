@@ -37,6 +37,9 @@ pub struct TraceEvent {
     pub end_us: f64,
     /// The tasks it depended on.
     pub deps: Vec<TaskId>,
+    /// False for a kernel block; true for a deferred task's whole span, from its first block's
+    /// start to its real completion (drawn on a separate "deferred" track of its core).
+    pub deferred: bool,
 }
 
 /// The events of one run on one chip.
@@ -55,6 +58,10 @@ fn tid(core: CoreId) -> u32 {
     }
 }
 
+fn event_tid(e: &TraceEvent) -> u32 {
+    tid(e.core) + if e.deferred { 10_000 } else { 0 }
+}
+
 impl Trace {
     /// The trace-event objects of this chip (metadata and complete events).
     pub fn chrome_events(&self) -> Vec<Value> {
@@ -62,23 +69,32 @@ impl Trace {
             "ph": "M", "name": "process_name", "pid": self.chip,
             "args": { "name": format!("chip {}", self.chip) }
         })];
-        let mut cores: Vec<CoreId> = self.events.iter().map(|e| e.core).collect();
-        cores.sort_by_key(|c| tid(*c));
-        cores.dedup_by_key(|c| tid(*c));
-        for c in cores {
+        let mut tracks: Vec<(u32, CoreId, bool)> = self
+            .events
+            .iter()
+            .map(|e| (event_tid(e), e.core, e.deferred))
+            .collect();
+        tracks.sort_by_key(|t| t.0);
+        tracks.dedup_by_key(|t| t.0);
+        for (t, c, deferred) in tracks {
             let name = match c.kind {
                 CoreKind::Aiv => format!("AIV{}", c.index),
                 _ => format!("AIC{}", c.index),
             };
+            let name = if deferred {
+                format!("{name} deferred")
+            } else {
+                name
+            };
             out.push(json!({
-                "ph": "M", "name": "thread_name", "pid": self.chip, "tid": tid(c),
+                "ph": "M", "name": "thread_name", "pid": self.chip, "tid": t,
                 "args": { "name": name }
             }));
         }
         for e in &self.events {
             out.push(json!({
-                "ph": "X", "name": &*e.kernel, "cat": "task",
-                "pid": self.chip, "tid": tid(e.core),
+                "ph": "X", "name": &*e.kernel, "cat": if e.deferred { "deferred" } else { "task" },
+                "pid": self.chip, "tid": event_tid(e),
                 "ts": e.start_us, "dur": (e.end_us - e.start_us).max(0.0),
                 "args": {
                     "task": e.task.get(), "block": e.block, "core": e.core.to_string(),

@@ -18,6 +18,7 @@
 pub mod barrier;
 pub mod futex;
 pub mod process;
+pub mod ring;
 mod segment;
 pub mod sweep;
 pub mod sync;

@@ -15,10 +15,12 @@ use smallvec::SmallVec;
 
 use crate::args::{ArgMode, OutInit, TaskArgs, TaskId, TensorArg};
 use crate::buffer::BorrowSet;
+use crate::deferred::{Condition, Poll};
 use crate::error::{OrchError, TaskFailure};
-use crate::kernel::{CoreId, CoreKind, Kernel, Payload};
+use crate::kernel::{CoreId, CoreKind, Kernel, Payload, Registrations, MAX_CONDITIONS};
 use crate::tensor::{Lease, Origin, Region, Tensor, TensorError, MAX_DIMS};
 use crate::trace::{Trace, TraceEvent};
+use pto_shm::ring::{Completion, CompletionQueue};
 use ring::{Full, Ring, OUT_ALIGN};
 use tensormap::{EntryKey, Liveness, TensorMap};
 
@@ -33,6 +35,8 @@ pub(crate) enum State {
     Waiting,
     Ready,
     Running,
+    /// The kernel returned; completion waits for registered conditions.
+    Deferred,
     Done,
     Failed,
     Poisoned,
@@ -68,6 +72,14 @@ struct Node {
     tm_keys: SmallVec<[EntryKey; 2]>,
     borrows: Option<BorrowSet>,
     deps: SmallVec<[u64; 2]>,
+    /// Deferred completion: conditions still pending, tokens expected and seen.
+    conds: Vec<(Box<dyn Condition>, std::time::Instant)>,
+    tokens_expected: u32,
+    tokens_seen: u32,
+    token_error: Option<u64>,
+    token_deadline: Option<std::time::Instant>,
+    /// Trace: start of the first block and its core.
+    first: Option<(f64, CoreId)>,
 }
 
 #[derive(Debug)]
@@ -182,6 +194,10 @@ pub struct RunStats {
     pub peak_ring_tasks: usize,
     /// Most output bytes in any ring at once.
     pub peak_ring_bytes: usize,
+    /// Tasks that completed through deferred completion.
+    pub deferred: u64,
+    /// Completions drained from the completion queue.
+    pub completions: u64,
 }
 
 /// Ring sizing for one run.
@@ -238,6 +254,12 @@ pub(crate) struct Dag {
     nonce: u64,
     pub(crate) trace: Option<Trace>,
     pub(crate) stats: RunStats,
+    /// Deferred tasks whose kernels returned, waiting for their conditions.
+    waiting: Vec<u64>,
+    /// Token posts for tasks not submitted yet.
+    early: FxHashMap<u64, (u32, Option<u64>)>,
+    /// Completions that named no task of this run, or a task already complete.
+    pub(crate) stray: Vec<String>,
 }
 
 fn align_up(n: usize, a: usize) -> usize {
@@ -280,6 +302,9 @@ impl Dag {
                 events: Vec::new(),
             }),
             stats: RunStats::default(),
+            waiting: Vec::new(),
+            early: FxHashMap::default(),
+            stray: Vec::new(),
         }
     }
 
@@ -543,6 +568,7 @@ impl Dag {
                 scalars: args.scalars,
                 block_num: args.block_num,
                 inits,
+                deferred: args.deferred,
             }),
             state: State::Waiting,
             fanin: 0,
@@ -560,7 +586,17 @@ impl Dag {
             tm_keys: keys,
             borrows: None,
             deps: SmallVec::new(),
+            conds: Vec::new(),
+            tokens_expected: 0,
+            tokens_seen: 0,
+            token_error: None,
+            token_deadline: None,
+            first: None,
         };
+        if let Some((seen, err)) = self.early.remove(&id) {
+            node.tokens_seen = seen;
+            node.token_error = err;
+        }
         for &p in &deps {
             if let Some(pn) = self.nodes.get_mut(&p) {
                 match pn.state {
@@ -710,12 +746,13 @@ impl Dag {
         }
     }
 
-    /// A block came back from its core.
+    /// A block came back from its core, with what its kernel registered.
     pub(crate) fn finish_block(
         &mut self,
         job: &Job,
         result: Result<(), String>,
         times: Option<(f64, f64)>,
+        regs: Registrations,
     ) {
         self.cores.release(job.core);
         self.running.remove(&(job.task, job.block));
@@ -723,31 +760,194 @@ impl Dag {
         let Some(n) = self.nodes.get_mut(&job.task) else {
             return;
         };
-        if let (Some(trace), Some((start_us, end_us))) = (&mut self.trace, times) {
-            trace.events.push(TraceEvent {
-                task: TaskId(job.task),
-                kernel: Arc::from(job.kernel.name()),
-                core: job.core,
-                block: job.block,
-                start_us,
-                end_us,
-                deps: n.deps.iter().map(|d| TaskId(*d)).collect(),
-            });
+        if let Some((start_us, end_us)) = times {
+            if n.first.is_none_or(|f| start_us < f.0) {
+                n.first = Some((start_us, job.core));
+            }
+            if let Some(trace) = &mut self.trace {
+                trace.events.push(TraceEvent {
+                    task: TaskId(job.task),
+                    kernel: Arc::from(job.kernel.name()),
+                    core: job.core,
+                    block: job.block,
+                    start_us,
+                    end_us,
+                    deps: n.deps.iter().map(|d| TaskId(*d)).collect(),
+                    deferred: false,
+                });
+            }
         }
         if let Err(m) = result {
             if n.block_error.is_none() {
                 n.block_error = Some((job.block, Some(job.core), m));
             }
         }
+        n.tokens_expected += regs.tokens;
+        if let Some(d) = regs.token_deadline {
+            n.token_deadline = Some(n.token_deadline.map_or(d, |x| x.min(d)));
+        }
+        n.conds.extend(regs.conds);
+        if n.conds.len() + n.tokens_expected as usize > MAX_CONDITIONS && n.block_error.is_none() {
+            n.block_error = Some((
+                job.block,
+                Some(job.core),
+                format!("registered more than {MAX_CONDITIONS} completion conditions"),
+            ));
+        }
         n.blocks_done += 1;
         if n.blocks_done == n.payload.block_num {
-            let state = if n.block_error.is_some() {
-                State::Failed
+            if n.block_error.is_some() {
+                self.finish(job.task, State::Failed);
+            } else if n.conds.is_empty() && n.tokens_expected == 0 {
+                self.finish(job.task, State::Done);
             } else {
-                State::Done
-            };
-            self.finish(job.task, state);
+                n.state = State::Deferred;
+                self.waiting.push(job.task);
+                self.stats.deferred += 1;
+                // Conditions may hold already.
+                self.poll_waiting(std::time::Instant::now());
+            }
         }
+    }
+
+    /// True when deferred tasks wait for their conditions.
+    pub(crate) fn has_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    fn absorb(&mut self, c: Completion) {
+        self.stats.completions += 1;
+        let (nonce, id) = (
+            c.token >> TOKEN_TASK_BITS,
+            c.token & ((1 << TOKEN_TASK_BITS) - 1),
+        );
+        let err = (c.status != 0).then_some(c.status);
+        if nonce != self.nonce {
+            self.stray
+                .push(format!("token {:#x} names no task of this run", c.token));
+        } else if let Some(n) = self.nodes.get_mut(&id) {
+            if n.state.finished() {
+                self.stray.push(format!(
+                    "token {:#x} posted for task #{id}, which had already completed",
+                    c.token
+                ));
+            } else {
+                n.tokens_seen += 1;
+                n.token_error = n.token_error.or(err);
+            }
+        } else if id >= self.next_id {
+            // Posted before the task was submitted: kept until it appears.
+            let e = self.early.entry(id).or_insert((0, None));
+            e.0 += 1;
+            e.1 = e.1.or(err);
+        } else {
+            self.stray.push(format!(
+                "token {:#x} posted for task #{id}, which had already completed",
+                c.token
+            ));
+        }
+    }
+
+    /// Drains the completion queue and polls every waiting task; completes (or fails) those
+    /// whose conditions are settled. Returns true when anything happened.
+    pub(crate) fn poll_async(&mut self, queue: &CompletionQueue) -> bool {
+        let mut progress = false;
+        while let Some(c) = queue.pop() {
+            self.absorb(c);
+            progress = true;
+        }
+        if !self.waiting.is_empty() {
+            progress |= self.poll_waiting(std::time::Instant::now());
+        }
+        progress
+    }
+
+    fn poll_waiting(&mut self, now: std::time::Instant) -> bool {
+        let mut settled: SmallVec<[(u64, Option<String>); 4]> = SmallVec::new();
+        self.waiting.retain(|&id| {
+            let Some(n) = self.nodes.get_mut(&id) else {
+                return false;
+            };
+            if let Some(st) = n.token_error {
+                settled.push((
+                    id,
+                    Some(format!("its completion was posted with status {st}")),
+                ));
+                return false;
+            }
+            let mut failed = None;
+            n.conds.retain(|(c, deadline)| {
+                if failed.is_some() {
+                    return true;
+                }
+                match c.poll() {
+                    Poll::Ready => false,
+                    Poll::Pending if now >= *deadline => {
+                        failed = Some(format!(
+                            "condition {} did not hold before its deadline",
+                            c.describe()
+                        ));
+                        true
+                    }
+                    Poll::Pending => true,
+                    Poll::Failed(m) => {
+                        failed = Some(format!("condition {} failed: {m}", c.describe()));
+                        true
+                    }
+                }
+            });
+            if failed.is_some() {
+                settled.push((id, failed));
+                return false;
+            }
+            if n.conds.is_empty() && n.tokens_seen >= n.tokens_expected {
+                settled.push((id, None));
+                return false;
+            }
+            if n.tokens_seen < n.tokens_expected && n.token_deadline.is_some_and(|d| now >= d) {
+                settled.push((
+                    id,
+                    Some(format!(
+                        "completion token {:#x} was posted {} of {} times before its deadline",
+                        self.nonce << TOKEN_TASK_BITS | id,
+                        n.tokens_seen,
+                        n.tokens_expected
+                    )),
+                ));
+                return false;
+            }
+            true
+        });
+        let progress = !settled.is_empty();
+        let now_us = self.trace.is_some().then(crate::trace::now_us);
+        for (id, failure) in settled {
+            if let (Some(trace), Some(end_us)) = (&mut self.trace, now_us) {
+                if let Some(n) = self.nodes.get(&id) {
+                    if let (Some((start_us, core)), Some(k)) = (n.first, &n.kernel) {
+                        trace.events.push(TraceEvent {
+                            task: TaskId(id),
+                            kernel: Arc::from(k.name()),
+                            core,
+                            block: 0,
+                            start_us,
+                            end_us,
+                            deps: n.deps.iter().map(|d| TaskId(*d)).collect(),
+                            deferred: true,
+                        });
+                    }
+                }
+            }
+            match failure {
+                None => self.finish(id, State::Done),
+                Some(m) => {
+                    if let Some(n) = self.nodes.get_mut(&id) {
+                        n.block_error = Some((0, None, m));
+                    }
+                    self.finish(id, State::Failed);
+                }
+            }
+        }
+        progress
     }
 
     /// Marks a task finished and propagates: consumers' fan-in, poison, retained producers,
@@ -889,7 +1089,7 @@ impl Dag {
 
     /// Names the tasks still running, for a stall report.
     pub(crate) fn running_report(&self) -> String {
-        if self.running.is_empty() {
+        if self.running.is_empty() && self.waiting.is_empty() {
             let waiting = self.outstanding;
             return format!("none ({waiting} task(s) waiting)");
         }
@@ -899,6 +1099,17 @@ impl Dag {
             .map(|((t, b), (c, k))| format!("task #{t} block {b} kernel {:?} on {c}", k.name()))
             .collect();
         v.sort();
+        for id in &self.waiting {
+            if let Some(n) = self.nodes.get(id) {
+                let conds: Vec<String> = n.conds.iter().map(|(c, _)| c.describe()).collect();
+                v.push(format!(
+                    "deferred task #{id} waiting for [{}] and {}/{} token posts",
+                    conds.join(", "),
+                    n.tokens_seen,
+                    n.tokens_expected
+                ));
+            }
+        }
         v.join(", ")
     }
 

@@ -1,6 +1,7 @@
 //! Engine-level tests that drive a `Dag` directly, without threads.
 
 use super::*;
+use crate::kernel::Registrations;
 use crate::{CoreKind, DType, KernelRegistry};
 
 fn dag() -> Dag {
@@ -32,7 +33,7 @@ fn drain(d: &mut Dag) -> Vec<u64> {
     let mut order = Vec::new();
     while let Some(job) = d.next_job() {
         order.push(job.task);
-        d.finish_block(&job, Ok(()), None);
+        d.finish_block(&job, Ok(()), None, Registrations::default());
     }
     order
 }
@@ -142,7 +143,7 @@ fn probe_engine_cost() {
             let at = d.place(&plan).ok().unwrap();
             d.commit(plan, at).unwrap();
             while let Some(job) = d.next_job() {
-                d.finish_block(&job, Ok(()), None);
+                d.finish_block(&job, Ok(()), None, Registrations::default());
             }
             i += 1;
         }
