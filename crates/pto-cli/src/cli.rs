@@ -29,6 +29,8 @@ pub enum Command {
     Rank {
         /// The job.
         job: String,
+        /// Its argument.
+        arg: Option<String>,
     },
 }
 
@@ -46,6 +48,12 @@ pub struct CleanArgs {
 pub struct RunArgs {
     /// The example (see `pto list`).
     pub example: String,
+    /// Ranks (chips) for a distributed example.
+    #[arg(long, default_value_t = 1)]
+    pub ranks: usize,
+    /// Where the ranks run: shm (processes on this host) or local (threads).
+    #[arg(long, default_value = "shm")]
+    pub backend: String,
     /// Problem size, in the example's own unit.
     #[arg(long)]
     pub size: Option<usize>,

@@ -48,7 +48,8 @@ pub use comm::Comm;
 pub use context::CommContext;
 pub use error::CommError;
 pub use window::{
-    BufferRef, BufferSpec, RemoteRef, SignalOp, Window, WindowSpec, MAX_WINDOW, WINDOW_ALIGN,
+    BufferRef, BufferSpec, RemoteRef, SignalCondition, SignalOp, Window, WindowSpec, MAX_WINDOW,
+    WINDOW_ALIGN,
 };
 
 /// The most ranks a communicator may have.

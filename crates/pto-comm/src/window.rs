@@ -183,7 +183,7 @@ fn carve(spec: &WindowSpec) -> Result<Vec<BufferRef>, CommError> {
             });
         }
         let offset = at.div_ceil(WINDOW_ALIGN) * WINDOW_ALIGN;
-        let end = offset.checked_add(b.bytes).unwrap_or(usize::MAX);
+        let end = offset.saturating_add(b.bytes);
         if end > spec.bytes {
             return Err(CommError::BadBuffer {
                 name: b.name.clone(),
@@ -617,6 +617,42 @@ impl Window {
         Ok((v.wrapping_sub(value) as i32) >= 0)
     }
 
+    /// A deferred-completion condition: this rank's signal at `offset` reaches `value` (`>=`,
+    /// wrapping as in [`Window::wait_until`]). Polling it is one atomic load plus the abort
+    /// word; an abort fails it.
+    ///
+    /// # Errors
+    ///
+    /// A range outside the window or a misaligned offset.
+    pub fn signal_condition(
+        &self,
+        offset: usize,
+        value: u32,
+    ) -> Result<SignalCondition, CommError> {
+        self.counter_condition(self.rank(), offset, value)
+    }
+
+    /// A deferred-completion condition on the `u32` counter at `(rank, offset)` of any rank's
+    /// window reaching `value`.
+    ///
+    /// # Errors
+    ///
+    /// A bad rank, a range outside the window or a misaligned offset.
+    pub fn counter_condition(
+        &self,
+        rank: usize,
+        offset: usize,
+        value: u32,
+    ) -> Result<SignalCondition, CommError> {
+        self.check_atomic("signal condition", rank, offset, 4)?;
+        Ok(SignalCondition {
+            window: self.clone(),
+            rank,
+            offset,
+            value,
+        })
+    }
+
     /// Orders this rank's earlier puts and atomics before its later ones, as seen by any peer.
     pub fn fence(&self) {
         fence(Ordering::Release);
@@ -706,5 +742,38 @@ impl Window {
     /// The failures of the barrier; the handle is dropped either way.
     pub fn release(self) -> Result<(), CommError> {
         self.barrier()
+    }
+}
+
+/// A signal or counter in a window reaching a value, as a deferred-completion condition
+/// ([`Window::signal_condition`]).
+#[derive(Clone, Debug)]
+pub struct SignalCondition {
+    window: Window,
+    rank: usize,
+    offset: usize,
+    value: u32,
+}
+
+impl pto_core::Condition for SignalCondition {
+    fn poll(&self) -> pto_core::Poll {
+        let v = self
+            .window
+            .word32(self.rank, self.offset)
+            .load(Ordering::Acquire);
+        if (v.wrapping_sub(self.value) as i32) >= 0 {
+            return pto_core::Poll::Ready;
+        }
+        match self.window.inner.comm.world_ref().check_abort() {
+            Ok(()) => pto_core::Poll::Pending,
+            Err(e) => pto_core::Poll::Failed(e.to_string()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "signal at offset {} of rank {} >= {}",
+            self.offset, self.rank, self.value
+        )
     }
 }

@@ -5,19 +5,16 @@
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::time::Instant;
 
 use serde_json::{json, Value};
 
 use crate::args::TaskId;
 use crate::kernel::{CoreId, CoreKind};
 
-static EPOCH: OnceLock<Instant> = OnceLock::new();
-
-/// Microseconds since this process's trace epoch (the first call).
+/// Microseconds on the host's monotonic clock (`CLOCK_MONOTONIC`), shared by every process, so
+/// the traces of several chips (processes) line up.
 pub fn now_us() -> f64 {
-    EPOCH.get_or_init(Instant::now).elapsed().as_secs_f64() * 1e6
+    pto_shm::process::monotonic_ns() as f64 / 1e3
 }
 
 /// One block of one task, as it ran.

@@ -60,7 +60,7 @@ pub(crate) fn vector_pipeline(args: &RunArgs) -> Result<Outcome, ExampleError> {
         detail: format!("{det_d}; {det_s}"),
         wall: report.wall,
         tasks: report.stats.tasks,
-        trace: report.trace,
+        events: report.trace.map(|t| t.chrome_events()).unwrap_or_default(),
     })
 }
 
@@ -141,6 +141,6 @@ pub(crate) fn ffn_chip(args: &RunArgs) -> Result<Outcome, ExampleError> {
         detail,
         wall: report.wall,
         tasks: report.stats.tasks,
-        trace: report.trace,
+        events: report.trace.map(|t| t.chrome_events()).unwrap_or_default(),
     })
 }

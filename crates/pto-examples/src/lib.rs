@@ -16,9 +16,15 @@
 
 use std::time::Duration;
 
-use pto_core::{OrchError, RunError, TensorError, Trace};
+use pto_comm::{Backend, CommError};
+use pto_core::{OrchError, RunError, TensorError};
+use serde_json::Value;
 
 mod chip;
+pub mod dist;
+mod notify;
+
+pub use dist::{RankFn, RankOutcome};
 
 /// Errors that stop an example before it can check its golden.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +38,9 @@ pub enum ExampleError {
     /// The orchestration failed outside a run.
     #[error(transparent)]
     Orch(#[from] OrchError),
+    /// Communication failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
     /// A kernel could not be registered.
     #[error(transparent)]
     Registry(#[from] pto_core::RegistryError),
@@ -49,6 +58,8 @@ pub struct RunArgs {
     pub trace: bool,
     /// Logical cores per chip (AIC, AIV).
     pub cores: (u32, u32),
+    /// Where the ranks run (for distributed examples).
+    pub backend: Backend,
 }
 
 impl Default for RunArgs {
@@ -57,6 +68,7 @@ impl Default for RunArgs {
             size: None,
             trace: false,
             cores: (2, 4),
+            backend: Backend::Shm,
         }
     }
 }
@@ -72,8 +84,8 @@ pub struct Outcome {
     pub wall: Duration,
     /// Tasks run.
     pub tasks: u64,
-    /// The trace, when asked for.
-    pub trace: Option<Trace>,
+    /// Chrome trace events of every chip (empty unless a trace was asked for).
+    pub events: Vec<Value>,
 }
 
 /// One example.
@@ -83,8 +95,10 @@ pub struct Example {
     pub name: &'static str,
     /// One line on what it does.
     pub about: &'static str,
-    /// Runs it and checks the golden.
+    /// Runs it on one chip and checks the golden (single-chip examples).
     pub run: fn(&RunArgs) -> Result<Outcome, ExampleError>,
+    /// The rank body, for distributed examples (run through [`dist::run`]).
+    pub ranks: Option<RankFn>,
 }
 
 /// Every example.
@@ -93,11 +107,25 @@ pub const EXAMPLES: &[Example] = &[
         name: "vector_pipeline",
         about: "one chip: c = a + b (SPMD), d = 0.5 c, s = sum(d); golden computed in Rust",
         run: chip::vector_pipeline,
+        ranks: None,
     },
     Example {
         name: "ffn_chip",
         about: "one chip: y = relu(x w1) w2 with SPMD matmuls on AIC and relu on AIV; checked against a sequential reference",
         run: chip::ffn_chip,
+        ranks: None,
+    },
+    Example {
+        name: "deferred_notify",
+        about: "rank r writes partial[r] = r + 1 into rank r+1's mailbox and notifies it; a deferred wait gates the consumer: result[r] = partial[r-1]",
+        run: dist::needs_ranks,
+        ranks: Some(notify::deferred_notify),
+    },
+    Example {
+        name: "async_notify",
+        about: "producer out = 2 in, then notify the next rank; a deferred wait; consumer result = out + 1",
+        run: dist::needs_ranks,
+        ranks: Some(notify::async_notify),
     },
 ];
 

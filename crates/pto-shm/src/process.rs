@@ -72,6 +72,13 @@ pub fn die_with_parent(parent: u32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Nanoseconds on `CLOCK_MONOTONIC`: one clock for every process on the host (traces of
+/// several processes line up on it).
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

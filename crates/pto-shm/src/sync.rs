@@ -24,10 +24,42 @@ impl Park for AtomicU32 {
     }
 }
 
+/// Under loom, parking is a model of a futex: `park` checks the word under one lock and sleeps
+/// on a condition variable until an `unpark_all`, with no timeout. A wake-up lost by the
+/// `sleepers` handshake in [`crate::wait`] therefore shows up as a deadlock in the model,
+/// where the real futex's time slice would only hide it as latency.
 #[cfg(loom)]
 impl Park for AtomicU32 {
-    fn park(&self, _expected: u32, _slice: std::time::Duration) {
-        loom::thread::yield_now();
+    fn park(&self, expected: u32, _slice: std::time::Duration) {
+        let (lock, cv) = &*loom_futex::QUEUE;
+        let guard = lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The kernel compares the word with `expected` under its hash-bucket lock, so a wake
+        // that comes after the change either finds this sleeper queued or is seen here.
+        if self.load(Ordering::Relaxed) == expected {
+            drop(
+                cv.wait(guard)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+        }
     }
-    fn unpark_all(&self) {}
+    fn unpark_all(&self) {
+        let (lock, cv) = &*loom_futex::QUEUE;
+        let _guard = lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        cv.notify_all();
+    }
+}
+
+#[cfg(loom)]
+mod loom_futex {
+    use loom::sync::{Condvar, Mutex};
+
+    loom::lazy_static! {
+        /// One wait queue for every word (a wake-up meant for another word is spurious, which
+        /// callers tolerate), recreated for each loom execution.
+        pub(super) static ref QUEUE: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+    }
 }

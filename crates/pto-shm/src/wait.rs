@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 use crate::sync::{fence, AtomicU32, Ordering, Park};
 
 /// Spins before the first park.
+#[cfg(not(loom))]
 pub const SPIN: u32 = 256;
+/// Spins before the first park (one check under loom, where spinning only grows the model).
+#[cfg(loom)]
+pub const SPIN: u32 = 1;
 /// Longest single park; bounds how late a deadline or a failure is noticed.
 pub const SLICE: Duration = Duration::from_millis(10);
 /// How often the liveness check runs while parked.

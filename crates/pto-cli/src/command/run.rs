@@ -1,8 +1,9 @@
 //! `pto run <example>`.
 
-use std::process::ExitCode;
+use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{bail, Context};
+use pto_comm::Backend;
 use serde_json::json;
 
 use crate::cli::RunArgs;
@@ -16,12 +17,29 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
             names.join(", ")
         );
     };
+    let Some(backend) = Backend::from_name(&a.backend) else {
+        bail!("unknown backend {:?}: use shm or local", a.backend);
+    };
+    if a.ranks == 0 || a.ranks > pto_comm::MAX_RANKS {
+        bail!("--ranks must be 1 to {}", pto_comm::MAX_RANKS);
+    }
     let args = pto_examples::RunArgs {
         size: a.size,
         trace: a.trace.is_some(),
         cores: (a.aic, a.aiv),
+        backend,
     };
-    let result = (ex.run)(&args);
+    let exe = std::env::current_exe().context("locating the pto binary")?;
+    let name = ex.name;
+    let command = move |_rank: usize| {
+        let mut c = Command::new(&exe);
+        c.args(["__rank", "example", name])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        c
+    };
+    let result = pto_examples::dist::run(ex, &args, a.ranks, &command);
     let (passed, detail, wall_ms, tasks) = match &result {
         Ok(o) => (
             o.passed,
@@ -32,31 +50,35 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
         Err(e) => (false, format!("error: {e}"), 0.0, 0),
     };
     if let (Some(path), Ok(o)) = (&a.trace, &result) {
-        if let Some(t) = &o.trace {
-            t.write(path)
-                .with_context(|| format!("writing the trace to {}", path.display()))?;
-        }
+        let doc = json!({ "traceEvents": o.events, "displayTimeUnit": "ns" });
+        std::fs::write(path, doc.to_string())
+            .with_context(|| format!("writing the trace to {}", path.display()))?;
     }
+    let backend_name = if ex.ranks.is_some() {
+        backend.name()
+    } else {
+        "local"
+    };
     if a.json {
         println!(
             "{}",
             json!({
-                "example": ex.name, "ranks": 1, "backend": "local",
-                "passed": passed, "wall_ms": wall_ms, "tasks": tasks,
+                "example": ex.name, "ranks": a.ranks, "backend": backend_name,
+                "passed": passed, "wall_ms": (wall_ms * 1000.0).round() / 1000.0,
             })
         );
+        if !passed {
+            eprintln!("{}: {detail}", ex.name);
+        }
     } else {
         let verdict = if passed { "PASSED" } else { "FAILED" };
         println!(
-            "{}: {verdict} ({tasks} tasks, {wall_ms:.2} ms): {detail}",
-            ex.name
+            "{} on {} rank(s) ({backend_name}): {verdict} ({tasks} tasks, {wall_ms:.2} ms): {detail}",
+            ex.name, a.ranks
         );
         if let Some(p) = &a.trace {
             println!("trace written to {}", p.display());
         }
-    }
-    if !passed && a.json {
-        eprintln!("{}: {detail}", ex.name);
     }
     Ok(if passed {
         ExitCode::SUCCESS
