@@ -39,6 +39,7 @@ mod comm;
 pub mod conformance;
 mod context;
 mod error;
+mod queue;
 pub mod local;
 pub mod shm;
 mod window;
@@ -47,6 +48,7 @@ mod world;
 pub use comm::Comm;
 pub use context::CommContext;
 pub use error::CommError;
+pub use queue::SharedQueue;
 pub use window::{
     BufferRef, BufferSpec, RemoteRef, SignalCondition, SignalOp, Window, WindowSpec, MAX_WINDOW,
     WINDOW_ALIGN,

@@ -208,7 +208,25 @@ impl Drop for ShmWorld {
 /// A bad rank or size, a world of another size (both values named), a stale or missing
 /// segment, or a rank already joined.
 pub fn join(name: &str, rank: usize, size: usize) -> Result<Comm, CommError> {
-    let timeout = pto_core::config::Settings::from_env().wait_timeout;
+    join_with_timeout(
+        name,
+        rank,
+        size,
+        pto_core::config::Settings::from_env().wait_timeout,
+    )
+}
+
+/// [`join`] with an explicit deadline for opening the world and for every later wait.
+///
+/// # Errors
+///
+/// As [`join`].
+pub fn join_with_timeout(
+    name: &str,
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+) -> Result<Comm, CommError> {
     let world = Arc::new(open_world(name, rank, size, timeout)?);
     world.join(rank)?;
     Ok(Comm::world(Arc::new(RankGuard::new(world, rank))))
