@@ -106,4 +106,6 @@ pub enum BenchKind {
     Dag,
     /// Barrier, put bandwidth and signal ping-pong across ranks.
     Comm,
+    /// Deferred completion: condition-to-consumer latency and completion-queue throughput.
+    Deferred,
 }

@@ -167,6 +167,11 @@ impl CompletionQueue {
                     token: c.token,
                 });
             } else {
+                // Another producer claimed `pos` (our `head` was stale): reload it. Loom may
+                // serve the same stale value on every retry of this loop unless the thread
+                // yields (a real CPU's coherence makes the newer value visible).
+                #[cfg(loom)]
+                loom::thread::yield_now();
                 pos = self.head.0.load(Ordering::Relaxed);
             }
         }

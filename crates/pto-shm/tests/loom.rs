@@ -1,7 +1,7 @@
-//! Loom models of the barrier and of the signal (notify / wait) protocol, run on the crate's
-//! real `Barrier`, `wait_until` and `wake` (under `cfg(loom)` the `sync` shim supplies loom
-//! atomics and a futex model whose `park` blocks until `unpark_all`, so a lost wake-up is a
-//! deadlock the model reports).
+//! Loom models of the barrier, of the signal (notify / wait) protocol and of the completion
+//! queue, run on the crate's real `Barrier`, `wait_until`, `wake` and `CompletionQueue` (under
+//! `cfg(loom)` the `sync` shim supplies loom atomics and a futex model whose `park` blocks until
+//! `unpark_all`, so a lost wake-up is a deadlock the model reports).
 //!
 //! Run with `scripts/loom.sh`:
 //! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p pto-shm --test loom --release`.
@@ -19,6 +19,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use pto_shm::barrier::Barrier;
+use pto_shm::ring::{Completion, HeapQueue};
 use pto_shm::sync::{AtomicU32, Ordering};
 use pto_shm::wait::{wait_until, wake};
 
@@ -190,5 +191,92 @@ fn signal_counts_two_producers_across_the_wrap() {
         for h in hs {
             h.join().unwrap();
         }
+    });
+}
+
+/// `producers.len()` producer threads post completions into a queue of `capacity` entries
+/// (producer `p` posts tokens `p << 8 | i` for `i < producers[p]`, with status `token + 1`),
+/// retrying with a yield while the queue is full; the main thread pops until it has all of
+/// them. Every completion must arrive exactly once, with the status written alongside its
+/// token, and each producer's completions in the order it posted them. A payload read before
+/// its `seq` is published (or a slot freed before its payload is read) shows up as a wrong or
+/// missing token.
+fn queue_model(capacity: usize, producers: &'static [u64]) {
+    let h = Arc::new(HeapQueue::new(capacity));
+    assert_eq!(h.queue().capacity(), capacity);
+    let hs: Vec<_> = producers
+        .iter()
+        .enumerate()
+        .map(|(p, &n)| {
+            let h = h.clone();
+            thread::spawn(move || {
+                for i in 0..n {
+                    let token = (p as u64) << 8 | i;
+                    let c = Completion {
+                        token,
+                        status: token + 1,
+                    };
+                    let mut spins = 0;
+                    while let Err(e) = h.queue().post(c) {
+                        spins += 1;
+                        assert!(spins < 50, "producer {p} spins: {:?}", h.queue());
+                        assert_eq!(e.token, token);
+                        thread::yield_now();
+                    }
+                }
+            })
+        })
+        .collect();
+    let total: u64 = producers.iter().sum();
+    let mut next = vec![0u64; producers.len()];
+    let mut got = 0;
+    let mut spins = 0;
+    while got < total {
+        spins += 1;
+        assert!(spins < 50, "consumer spins: got {got} {:?}", h.queue());
+        let Some(c) = h.queue().pop() else {
+            thread::yield_now();
+            continue;
+        };
+        let (p, i) = ((c.token >> 8) as usize, c.token & 0xff);
+        assert!(p < producers.len(), "unknown token {:#x}", c.token);
+        assert_eq!(
+            i, next[p],
+            "producer {p}: completion {i} lost, duplicated or out of order"
+        );
+        assert_eq!(c.status, c.token + 1, "torn completion {c:?}");
+        next[p] += 1;
+        got += 1;
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert!(
+        h.queue().pop().is_none(),
+        "a completion beyond those posted"
+    );
+    assert!(h.queue().is_empty());
+}
+
+#[test]
+fn queue_two_producers_one_each_exhaustive() {
+    check("queue 2 producers x 1, capacity 2", None, || {
+        queue_model(2, &[1, 1])
+    });
+}
+
+#[test]
+fn queue_two_producers_fill_and_wrap() {
+    // Three completions into two slots: a producer finds the queue full and one slot is
+    // reused on its second lap.
+    check("queue 2 producers x (2, 1), capacity 2", Some(3), || {
+        queue_model(2, &[2, 1])
+    });
+}
+
+#[test]
+fn queue_two_producers_two_each() {
+    check("queue 2 producers x 2, capacity 2", Some(2), || {
+        queue_model(2, &[2, 2])
     });
 }

@@ -3,6 +3,7 @@
 mod bench;
 mod clean;
 mod comm_bench;
+mod deferred_bench;
 mod run;
 
 use std::process::ExitCode;
