@@ -101,6 +101,16 @@ impl Scalar {
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+
+    /// The raw bits (little-endian value in the low bytes).
+    pub fn bits(&self) -> u64 {
+        self.bits
+    }
+
+    /// A scalar from raw bits and a dtype (as [`Scalar::bits`] and [`Scalar::dtype`] give).
+    pub fn from_bits(bits: u64, dtype: DType) -> Scalar {
+        Scalar { bits, dtype }
+    }
 }
 
 /// What the runtime should put in a runtime-allocated output before its kernel runs.

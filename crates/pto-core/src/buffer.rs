@@ -50,7 +50,16 @@ pub unsafe trait ExternalMemory: Send + Sync + 'static {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Where other processes find this memory: a shared-memory segment's name and the offset of
+    /// this memory in it. `None` for memory only this process sees.
+    fn shared_at(&self) -> Option<(&str, usize)> {
+        None
+    }
 }
+
+/// Allocates the buffers a chip's rings hand out (for example in shared memory, so that other
+/// processes see runtime-allocated outputs).
+pub type BufferAllocator = dyn Fn(usize) -> Result<Buffer, AllocError> + Send + Sync;
 
 enum Memory {
     /// Zero-initialised memory from the global allocator: `base` is `ptr` rounded up to
@@ -184,6 +193,14 @@ impl Buffer {
                 mem,
                 borrows: Mutex::new(Vec::new()),
             }),
+        }
+    }
+
+    /// Where other processes find this buffer (segment name, offset), if they can.
+    pub fn shared_at(&self) -> Option<(&str, usize)> {
+        match &self.inner.mem {
+            Memory::External(m) => m.shared_at(),
+            _ => None,
         }
     }
 

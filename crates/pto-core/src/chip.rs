@@ -116,6 +116,7 @@ pub struct ChipBuilder {
     stall: Option<Duration>,
     ext: Option<Arc<dyn Any + Send + Sync>>,
     queue: Option<Arc<dyn QueueHost>>,
+    alloc: Option<Arc<crate::buffer::BufferAllocator>>,
 }
 
 impl fmt::Debug for ChipBuilder {
@@ -182,6 +183,13 @@ impl ChipBuilder {
         self
     }
 
+    /// Where the rings' output memory comes from (default: the heap). A host-level chip puts it
+    /// in shared memory so that child processes see runtime-allocated outputs.
+    pub fn ring_allocator(mut self, f: Arc<crate::buffer::BufferAllocator>) -> Self {
+        self.alloc = Some(f);
+        self
+    }
+
     /// Starts the chip's threads.
     ///
     /// # Errors
@@ -244,6 +252,7 @@ impl ChipBuilder {
                 self.queue
                     .unwrap_or_else(|| Arc::new(pto_shm::ring::HeapQueue::new(4096))),
             ),
+            alloc: self.alloc,
         });
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
@@ -284,6 +293,7 @@ struct Shared {
     cfg: ChipConfig,
     ext: Option<Arc<dyn Any + Send + Sync>>,
     sender: CompletionSender,
+    alloc: Option<Arc<crate::buffer::BufferAllocator>>,
 }
 
 impl Shared {
@@ -521,6 +531,7 @@ impl Chip {
                 RingConfig {
                     window: self.cfg.ring_task_window,
                     heap_bytes: self.cfg.ring_heap_bytes,
+                    alloc: self.shared.alloc.clone(),
                 },
                 opts.trace.then_some(self.cfg.chip_id),
             ));

@@ -503,6 +503,11 @@ impl<'a> KernelCtx<'a> {
     pub fn num_scalars(&self) -> usize {
         self.payload.scalars.len()
     }
+
+    /// Every scalar argument.
+    pub fn scalars(&self) -> &[Scalar] {
+        &self.payload.scalars
+    }
     /// The extension object the chip was built with (for example a communication context), if
     /// it has type `E`.
     pub fn ext<E: Any>(&self) -> Option<&'a E> {

@@ -61,7 +61,7 @@ pub mod trace;
 mod view;
 
 pub use args::{ArgMode, OutInit, Scalar, TaskArgs, TaskId};
-pub use buffer::{AllocError, Buffer, ExternalMemory, BUFFER_ALIGN};
+pub use buffer::{AllocError, Buffer, BufferAllocator, ExternalMemory, BUFFER_ALIGN};
 pub use chip::{
     Chip, ChipBuilder, ChipConfig, Orch, OrchFn, Program, RunOptions, RunReport, Submitted,
 };

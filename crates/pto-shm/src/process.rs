@@ -79,6 +79,88 @@ pub fn monotonic_ns() -> u64 {
     (t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64
 }
 
+/// Number of threads of this process (from `/proc/self/status`).
+pub fn thread_count() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// What `fork` returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forked {
+    /// In the parent: the child's identity.
+    Parent(ProcessId),
+    /// In the child.
+    Child,
+}
+
+/// Forks this process.
+///
+/// # Errors
+///
+/// The `fork` error.
+///
+/// # Safety
+///
+/// The process must be single-threaded (see [`thread_count`]): in a multi-threaded process the
+/// child inherits locks held by threads that do not exist in it. The child must not return into
+/// code that assumes it is the parent (it should run its own loop and leave with [`exit_now`]).
+#[allow(unsafe_code)]
+pub unsafe fn fork() -> std::io::Result<Forked> {
+    // SAFETY: per this function's contract the process is single-threaded.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => Err(std::io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        p => {
+            let pid = p as u32;
+            // The child's start time: read it now (it exists until we reap it).
+            let start = stat(pid).map_or(0, |s| s.1);
+            Ok(Forked::Parent(ProcessId { pid, start }))
+        }
+    }
+}
+
+/// Ends this process at once with `code`, without running destructors or `atexit` handlers
+/// (what a forked child does when it is done).
+#[allow(unsafe_code)]
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: `_exit` is always safe to call; it does not return.
+    unsafe { libc::_exit(code) }
+}
+
+/// Sends `SIGKILL` to `pid`.
+pub fn kill(pid: u32) {
+    if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+    }
+}
+
+/// Reaps `pid` if it has exited: `Some(exit code, or 128 + signal)`, `None` while it runs.
+pub fn try_reap(pid: u32) -> Option<i32> {
+    let p = rustix::process::Pid::from_raw(pid as i32)?;
+    match rustix::process::waitpid(Some(p), rustix::process::WaitOptions::NOHANG) {
+        Ok(Some((_, st))) => Some(
+            st.exit_status()
+                .or_else(|| st.terminating_signal().map(|s| 128 + s))
+                .unwrap_or(-1),
+        ),
+        Ok(None) => None,
+        Err(_) => Some(-1),
+    }
+}
+
+/// This process's parent pid.
+pub fn parent_pid() -> u32 {
+    rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -201,10 +201,21 @@ pub struct RunStats {
 }
 
 /// Ring sizing for one run.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub(crate) struct RingConfig {
     pub(crate) window: usize,
     pub(crate) heap_bytes: usize,
+    pub(crate) alloc: Option<Arc<crate::buffer::BufferAllocator>>,
+}
+
+impl std::fmt::Debug for RingConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RingConfig({} tasks, {} bytes)",
+            self.window, self.heap_bytes
+        )
+    }
 }
 
 /// What submit decided before any state changed.
@@ -254,6 +265,7 @@ pub(crate) struct Dag {
     nonce: u64,
     pub(crate) trace: Option<Trace>,
     pub(crate) stats: RunStats,
+    rings_cfg: RingConfig,
     /// Deferred tasks whose kernels returned, waiting for their conditions.
     waiting: Vec<u64>,
     /// Token posts for tasks not submitted yet.
@@ -302,6 +314,7 @@ impl Dag {
                 events: Vec::new(),
             }),
             stats: RunStats::default(),
+            rings_cfg: rings.clone(),
             waiting: Vec::new(),
             early: FxHashMap::default(),
             stray: Vec::new(),
@@ -493,7 +506,11 @@ impl Dag {
         } = plan;
         let id = self.next_id;
         let heap = if bytes > 0 {
-            Some(self.rings[ring].heap().map_err(TensorError::from)?)
+            Some(
+                self.rings[ring]
+                    .heap(self.rings_cfg.alloc.as_deref())
+                    .map_err(TensorError::from)?,
+            )
         } else {
             None
         };

@@ -48,11 +48,17 @@ impl Ring {
     }
 
     /// The heap buffer, allocated on first use (zeroed pages are mapped lazily by the OS).
-    pub(crate) fn heap(&mut self) -> Result<Buffer, AllocError> {
+    pub(crate) fn heap(
+        &mut self,
+        alloc: Option<&crate::buffer::BufferAllocator>,
+    ) -> Result<Buffer, AllocError> {
         if let Some(b) = &self.heap {
             return Ok(b.clone());
         }
-        let b = Buffer::zeroed(self.heap_size)?;
+        let b = match alloc {
+            Some(f) => f(self.heap_size)?,
+            None => Buffer::zeroed(self.heap_size)?,
+        };
         self.heap = Some(b.clone());
         Ok(b)
     }

@@ -11,6 +11,7 @@ fn dag() -> Dag {
         RingConfig {
             window: 64,
             heap_bytes: 1 << 16,
+            alloc: None,
         },
         None,
     )
@@ -101,6 +102,7 @@ fn a_ring_full_of_an_open_scope_is_a_deadlock_not_a_wait() {
         RingConfig {
             window: 4,
             heap_bytes: 1024,
+            alloc: None,
         },
         None,
     );
@@ -128,6 +130,7 @@ fn probe_engine_cost() {
         RingConfig {
             window: 4096,
             heap_bytes: 1 << 20,
+            alloc: None,
         },
         None,
     );

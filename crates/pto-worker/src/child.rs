@@ -1,0 +1,232 @@
+//! The body of a child process: bring-up (chips), then serve frames until shutdown or until the
+//! parent is gone. A child never returns into the parent's code: it leaves with `exit_now`.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use pto_comm::shm::ShmWorld;
+use pto_comm::{CommContext, Window};
+use pto_core::{Chip, Program, RunOptions, Scalar, Tensor};
+
+use crate::frame::{Frame, FrameKind, Outcome, TensorDesc};
+use crate::mailbox::{BootFacts, Mailbox, RESULT_CAP};
+use crate::shared::SegmentCache;
+use crate::{ChipCall, Spec, SubCall};
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}
+
+fn tensor(cache: &SegmentCache, d: &TensorDesc) -> Result<(Tensor, pto_core::ArgMode), String> {
+    let buf = cache.buffer(&d.segment, d.buffer_offset, d.buffer_len)?;
+    let shape: Vec<usize> = d.shape.iter().map(|&v| v as usize).collect();
+    let strides: Vec<usize> = d.strides.iter().map(|&v| v as usize).collect();
+    let t = Tensor::strided(buf, d.dtype, &shape, &strides, d.offset as usize)
+        .map_err(|e| format!("tensor in {}: {e}", d.segment))?;
+    Ok((t, d.mode))
+}
+
+fn scalars(f: &Frame) -> Vec<Scalar> {
+    f.scalars
+        .iter()
+        .map(|&(bits, d)| pto_core::Scalar::from_bits(bits, d))
+        .collect()
+}
+
+struct ChipState {
+    chip: Chip,
+    rank: usize,
+    size: usize,
+    ctx: Option<CommContext>,
+}
+
+fn serve(spec: &Spec, chip: Option<&ChipState>, cache: &SegmentCache, bytes: &[u8]) -> Outcome {
+    let fail = |status: u32, message: String| Outcome {
+        status,
+        tasks: 0,
+        message,
+        trace: String::new(),
+    };
+    let f = match Frame::decode(bytes) {
+        Ok(f) => f,
+        Err(e) => return fail(2, e.to_string()),
+    };
+    let mut tensors = Vec::with_capacity(f.tensors.len());
+    for d in &f.tensors {
+        match tensor(cache, d) {
+            Ok(t) => tensors.push(t),
+            Err(e) => return fail(2, e),
+        }
+    }
+    match (f.kind, chip) {
+        (FrameKind::Chip, Some(cs)) => {
+            let Some((name, kernels, orch)) = spec.programs.get(f.index as usize) else {
+                return fail(2, format!("no chip program {}", f.index));
+            };
+            let call = Arc::new(ChipCall {
+                tensors,
+                scalars: scalars(&f),
+                rank: cs.rank,
+                size: cs.size,
+                comm: cs.ctx.clone(),
+            });
+            let orch = orch.clone();
+            let program = Program::new(name, kernels.clone(), move |o| orch(o, &call));
+            match cs.chip.run_with(&program, RunOptions { trace: f.trace }) {
+                Ok(r) => Outcome {
+                    status: 0,
+                    tasks: r.stats.tasks,
+                    message: String::new(),
+                    trace: r
+                        .trace
+                        .map(|t| serde_like(&t.chrome_events()))
+                        .unwrap_or_default(),
+                },
+                Err(e) => fail(1, e.to_string()),
+            }
+        }
+        (FrameKind::Sub, None) => {
+            let Some((_, func)) = spec.subs_fns.get(f.index as usize) else {
+                return fail(2, format!("no sub-worker function {}", f.index));
+            };
+            let call = SubCall {
+                tensors,
+                scalars: scalars(&f),
+            };
+            match catch_unwind(AssertUnwindSafe(|| func(&call))) {
+                Ok(Ok(())) => Outcome {
+                    status: 0,
+                    tasks: 1,
+                    message: String::new(),
+                    trace: String::new(),
+                },
+                Ok(Err(m)) => fail(1, m),
+                Err(p) => fail(1, format!("panicked: {}", panic_text(&*p))),
+            }
+        }
+        (k, _) => fail(2, format!("a {k:?} frame sent to the wrong kind of child")),
+    }
+}
+
+fn serde_like(events: &[serde_json::Value]) -> String {
+    serde_json::Value::Array(events.to_vec()).to_string()
+}
+
+fn bring_up(
+    spec: &Spec,
+    world: Option<&ShmWorld>,
+    index: usize,
+) -> Result<(ChipState, BootFacts), String> {
+    let n = spec.chips;
+    let (ctx, window, facts) = match world {
+        Some(w) => {
+            let comm = w.join(index).map_err(|e| e.to_string())?;
+            if let Some(h) = &spec.boot_hook {
+                h(index)?;
+            }
+            let (window, offsets, bytes): (Option<Window>, Vec<u64>, u64) = match &spec.window {
+                Some(ws) => {
+                    let win = comm.alloc_window(ws).map_err(|e| e.to_string())?;
+                    let offs = win.buffers().iter().map(|b| b.offset as u64).collect();
+                    (Some(win), offs, ws.bytes as u64)
+                }
+                None => (None, Vec::new(), 0),
+            };
+            let mut ctx = CommContext::new(comm);
+            if let Some(w) = &window {
+                ctx = ctx.with_window(w.clone());
+            }
+            let facts = BootFacts {
+                rank: index as u32,
+                size: n as u32,
+                window_bytes: bytes,
+                buffer_offsets: offsets,
+            };
+            (Some(ctx), window, facts)
+        }
+        None => {
+            if let Some(h) = &spec.boot_hook {
+                h(index)?;
+            }
+            (
+                None,
+                None,
+                BootFacts {
+                    rank: index as u32,
+                    size: n as u32,
+                    ..BootFacts::default()
+                },
+            )
+        }
+    };
+    drop(window);
+    let mut b = Chip::builder()
+        .chip_id(index as u32)
+        .aic_cores(spec.cores.0)
+        .aiv_cores(spec.cores.1);
+    if let Some(c) = &ctx {
+        b = b.extension(Arc::new(c.clone()));
+    }
+    let chip = b.build().map_err(|e| e.to_string())?;
+    Ok((
+        ChipState {
+            chip,
+            rank: index,
+            size: n,
+            ctx,
+        },
+        facts,
+    ))
+}
+
+/// Runs a child: `chip` is `Some(index)` for a chip, `None` for a sub-worker.
+pub(crate) fn child_main(
+    spec: &Spec,
+    world: Option<&ShmWorld>,
+    mailbox: &Mailbox,
+    chip: Option<usize>,
+    parent: u32,
+) -> ! {
+    let _ = pto_shm::process::die_with_parent(parent);
+    let cache = SegmentCache::default();
+    let state = match chip {
+        Some(i) => match bring_up(spec, world, i) {
+            Ok((s, facts)) => {
+                mailbox.boot_success(&facts);
+                Some(s)
+            }
+            Err(e) => {
+                mailbox.boot_error(1, &format!("chip {i}: {e}"));
+                pto_shm::process::exit_now(3);
+            }
+        },
+        None => {
+            mailbox.boot_success(&BootFacts::default());
+            None
+        }
+    };
+    loop {
+        match mailbox.next_frame(parent) {
+            Ok(Some((ident, Ok(bytes)))) => {
+                let out = serve(spec, state.as_ref(), &cache, &bytes);
+                mailbox.reply(ident, &out.encode(RESULT_CAP));
+            }
+            Ok(Some((ident, Err(e)))) => {
+                let out = Outcome {
+                    status: 2,
+                    tasks: 0,
+                    message: e.to_string(),
+                    trace: String::new(),
+                };
+                mailbox.reply(ident, &out.encode(RESULT_CAP));
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    drop(state);
+    drop(cache);
+    pto_shm::process::exit_now(0)
+}

@@ -1,0 +1,413 @@
+//! Task frames and results: the bytes a parent writes into a child's mailbox and the bytes the
+//! child writes back. Decoding checks every length and value, so a corrupt frame is an error,
+//! never a panic or an out-of-bounds read.
+
+use pto_core::{ArgMode, DType, MAX_DIMS};
+
+const MAGIC: u32 = u32::from_le_bytes(*b"PTOF");
+const VERSION: u16 = 1;
+
+/// What a frame asks the child to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameKind {
+    /// A chip program (by index).
+    Chip = 0,
+    /// A sub-worker closure (by index).
+    Sub = 1,
+}
+
+/// A tensor argument: a view of a shared-memory segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorDesc {
+    /// The segment's name.
+    pub segment: String,
+    /// Offset of the buffer in the segment.
+    pub buffer_offset: u64,
+    /// Length of the buffer in bytes.
+    pub buffer_len: u64,
+    /// Element offset of the view in the buffer.
+    pub offset: u64,
+    /// Element type.
+    pub dtype: DType,
+    /// Access mode.
+    pub mode: ArgMode,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// Element strides.
+    pub strides: Vec<u64>,
+}
+
+/// A task frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// Chip program or sub-worker closure.
+    pub kind: FrameKind,
+    /// Which one.
+    pub index: u32,
+    /// Tensor arguments.
+    pub tensors: Vec<TensorDesc>,
+    /// Scalars: raw bits and dtype.
+    pub scalars: Vec<(u64, DType)>,
+    /// Record a trace.
+    pub trace: bool,
+}
+
+/// A result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// 0 success, 1 the task failed, 2 the frame was invalid.
+    pub status: u32,
+    /// Tasks the chip ran.
+    pub tasks: u64,
+    /// The error message (empty on success).
+    pub message: String,
+    /// Chrome trace events (JSON text, empty unless asked for).
+    pub trace: String,
+}
+
+/// Why a frame could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("corrupt frame at byte {at}: {why}")]
+pub struct FrameError {
+    /// Where.
+    pub at: usize,
+    /// What.
+    pub why: String,
+}
+
+fn mode_code(m: ArgMode) -> u8 {
+    match m {
+        ArgMode::In => 0,
+        ArgMode::Out => 1,
+        ArgMode::InOut => 2,
+        ArgMode::OutputExisting => 3,
+        ArgMode::NoDep => 4,
+    }
+}
+
+fn mode_of(c: u8) -> Option<ArgMode> {
+    Some(match c {
+        0 => ArgMode::In,
+        1 => ArgMode::Out,
+        2 => ArgMode::InOut,
+        3 => ArgMode::OutputExisting,
+        4 => ArgMode::NoDep,
+        _ => return None,
+    })
+}
+
+struct W(Vec<u8>);
+impl W {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn str(&mut self, s: &str) {
+        self.u32(s.len() as u32);
+        self.0.extend_from_slice(s.as_bytes());
+    }
+}
+
+struct R<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> R<'a> {
+    fn err(&self, why: impl Into<String>) -> FrameError {
+        FrameError {
+            at: self.at,
+            why: why.into(),
+        }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], FrameError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or_else(|| {
+                self.err(format!(
+                    "needs {n} more bytes, {} left",
+                    self.b.len() - self.at
+                ))
+            })?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn arr<const N: usize>(&mut self) -> Result<[u8; N], FrameError> {
+        let s = self.take(N)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, FrameError> {
+        Ok(self.arr::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, FrameError> {
+        Ok(u16::from_le_bytes(self.arr()?))
+    }
+    fn u32(&mut self) -> Result<u32, FrameError> {
+        Ok(u32::from_le_bytes(self.arr()?))
+    }
+    fn u64(&mut self) -> Result<u64, FrameError> {
+        Ok(u64::from_le_bytes(self.arr()?))
+    }
+    fn str(&mut self, max: usize) -> Result<String, FrameError> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err(self.err(format!("string of {n} bytes exceeds {max}")));
+        }
+        let s = self.take(n)?;
+        String::from_utf8(s.to_vec()).map_err(|_| self.err("string is not UTF-8"))
+    }
+}
+
+/// Most tensors and scalars one frame carries.
+pub const MAX_ARGS: usize = 256;
+
+impl Frame {
+    /// Encodes the frame.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = W(Vec::with_capacity(256));
+        w.u32(MAGIC);
+        w.u16(VERSION);
+        w.u8(self.kind as u8);
+        w.u8(u8::from(self.trace));
+        w.u32(self.index);
+        w.u32(self.tensors.len() as u32);
+        for t in &self.tensors {
+            w.str(&t.segment);
+            w.u64(t.buffer_offset);
+            w.u64(t.buffer_len);
+            w.u64(t.offset);
+            w.u8(t.dtype as u8);
+            w.u8(mode_code(t.mode));
+            w.u8(t.shape.len() as u8);
+            for (&s, &st) in t.shape.iter().zip(&t.strides) {
+                w.u64(s);
+                w.u64(st);
+            }
+        }
+        w.u32(self.scalars.len() as u32);
+        for &(bits, d) in &self.scalars {
+            w.u64(bits);
+            w.u8(d as u8);
+        }
+        w.0
+    }
+
+    /// Decodes a frame, validating every field.
+    ///
+    /// # Errors
+    ///
+    /// [`FrameError`] naming the byte where decoding failed.
+    pub fn decode(b: &[u8]) -> Result<Frame, FrameError> {
+        let mut r = R { b, at: 0 };
+        if r.u32()? != MAGIC {
+            return Err(r.err("bad magic"));
+        }
+        let v = r.u16()?;
+        if v != VERSION {
+            return Err(r.err(format!("version {v}, expected {VERSION}")));
+        }
+        let kind = match r.u8()? {
+            0 => FrameKind::Chip,
+            1 => FrameKind::Sub,
+            k => return Err(r.err(format!("unknown frame kind {k}"))),
+        };
+        let trace = r.u8()? != 0;
+        let index = r.u32()?;
+        let nt = r.u32()? as usize;
+        if nt > MAX_ARGS {
+            return Err(r.err(format!("{nt} tensors exceed {MAX_ARGS}")));
+        }
+        let mut tensors = Vec::with_capacity(nt);
+        for _ in 0..nt {
+            let segment = r.str(200)?;
+            let buffer_offset = r.u64()?;
+            let buffer_len = r.u64()?;
+            let offset = r.u64()?;
+            let dt = r.u8()?;
+            let dtype = DType::from_u8(dt).ok_or_else(|| r.err(format!("unknown dtype {dt}")))?;
+            let mc = r.u8()?;
+            let mode = mode_of(mc).ok_or_else(|| r.err(format!("unknown mode {mc}")))?;
+            let nd = r.u8()? as usize;
+            if nd == 0 || nd > MAX_DIMS {
+                return Err(r.err(format!("{nd} dimensions")));
+            }
+            let mut shape = Vec::with_capacity(nd);
+            let mut strides = Vec::with_capacity(nd);
+            for _ in 0..nd {
+                shape.push(r.u64()?);
+                strides.push(r.u64()?);
+            }
+            tensors.push(TensorDesc {
+                segment,
+                buffer_offset,
+                buffer_len,
+                offset,
+                dtype,
+                mode,
+                shape,
+                strides,
+            });
+        }
+        let ns = r.u32()? as usize;
+        if ns > MAX_ARGS {
+            return Err(r.err(format!("{ns} scalars exceed {MAX_ARGS}")));
+        }
+        let mut scalars = Vec::with_capacity(ns);
+        for _ in 0..ns {
+            let bits = r.u64()?;
+            let dt = r.u8()?;
+            let d =
+                DType::from_u8(dt).ok_or_else(|| r.err(format!("unknown scalar dtype {dt}")))?;
+            scalars.push((bits, d));
+        }
+        if r.at != b.len() {
+            return Err(r.err(format!("{} trailing bytes", b.len() - r.at)));
+        }
+        Ok(Frame {
+            kind,
+            index,
+            tensors,
+            scalars,
+            trace,
+        })
+    }
+}
+
+/// Longest error message a result carries (longer ones are cut at a character boundary).
+pub const MAX_MESSAGE: usize = 1024;
+
+/// Cuts `s` to at most `max` bytes at a character boundary.
+pub fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+impl Outcome {
+    /// Encodes the result; the message is truncated to [`MAX_MESSAGE`] bytes and the trace
+    /// dropped if it does not fit `cap` bytes.
+    pub fn encode(&self, cap: usize) -> Vec<u8> {
+        let mut w = W(Vec::new());
+        w.u32(self.status);
+        w.u64(self.tasks);
+        w.str(truncate(&self.message, MAX_MESSAGE));
+        let trace = if w.0.len() + 4 + self.trace.len() <= cap {
+            self.trace.as_str()
+        } else {
+            ""
+        };
+        w.str(trace);
+        w.0
+    }
+
+    /// Decodes a result.
+    ///
+    /// # Errors
+    ///
+    /// [`FrameError`].
+    pub fn decode(b: &[u8]) -> Result<Outcome, FrameError> {
+        let mut r = R { b, at: 0 };
+        let status = r.u32()?;
+        if status > 2 {
+            return Err(r.err(format!("unknown status {status}")));
+        }
+        let tasks = r.u64()?;
+        let message = r.str(MAX_MESSAGE)?;
+        let trace = r.str(b.len())?;
+        Ok(Outcome {
+            status,
+            tasks,
+            message,
+            trace,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Frame {
+        Frame {
+            kind: FrameKind::Chip,
+            index: 3,
+            tensors: vec![TensorDesc {
+                segment: "/pto.1.abc.t0".into(),
+                buffer_offset: 256,
+                buffer_len: 4096,
+                offset: 8,
+                dtype: DType::F32,
+                mode: ArgMode::InOut,
+                shape: vec![4, 4],
+                strides: vec![4, 1],
+            }],
+            scalars: vec![(7, DType::I64)],
+            trace: true,
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let f = sample();
+        assert_eq!(Frame::decode(&f.encode()).unwrap(), f);
+        let o = Outcome {
+            status: 1,
+            tasks: 9,
+            message: "é".repeat(2000),
+            trace: "[]".into(),
+        };
+        let d = Outcome::decode(&o.encode(1 << 16)).unwrap();
+        assert!(d.message.len() <= MAX_MESSAGE && d.message.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn truncated_and_garbled_frames_are_errors() {
+        let b = sample().encode();
+        for n in 0..b.len() {
+            assert!(
+                Frame::decode(&b[..n]).is_err(),
+                "prefix of {n} bytes accepted"
+            );
+        }
+        let mut bad = b.clone();
+        bad[0] ^= 1;
+        assert!(Frame::decode(&bad).unwrap_err().why.contains("magic"));
+    }
+
+    proptest! {
+        /// Arbitrary bytes never panic the decoders.
+        #[test]
+        fn decoding_random_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = Frame::decode(&bytes);
+            let _ = Outcome::decode(&bytes);
+        }
+
+        /// Flipping any byte of a valid frame gives an error or a valid frame, never a panic.
+        #[test]
+        fn mutated_frames_never_panic(pos in 0usize..200, val in any::<u8>()) {
+            let mut b = sample().encode();
+            let p = pos % b.len();
+            b[p] = val;
+            let _ = Frame::decode(&b);
+        }
+    }
+}

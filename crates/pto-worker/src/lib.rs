@@ -1,0 +1,975 @@
+//! # pto-worker: one host, many chips
+//!
+//! A [`Worker`] forks one process per chip (and per sub-worker), brings every chip up through its
+//! own bootstrap channel (joining the shared-memory world and allocating its symmetric window),
+//! and runs host-level orchestrations on the same DAG engine as a chip: the host submits chip
+//! programs to chosen chips, groups of chips together (for collectives), and closures to
+//! sub-workers, and dependencies are inferred from the tensor arguments exactly as on a chip.
+//! Host tensors live in shared memory ([`Worker::tensor`]), so children read and write them in
+//! place.
+//!
+//! ## Forking safely
+//!
+//! The Worker forks every child **before any thread exists** in the process: [`WorkerBuilder::init`]
+//! refuses to run when the process has more than one thread ([`WorkerError::NotSingleThreaded`]).
+//! * From a Rust binary: build the Worker at the start of `main`, before anything spawns threads
+//!   (pto's own chip threads start after the fork).
+//! * From tests: libtest runs tests on extra threads, so Worker tests live in a test target with
+//!   `harness = false` whose `main` runs scenarios on the main thread (see `tests/worker.rs`).
+//! * From Python: create the Worker before starting threads; the extension forks from the
+//!   calling thread.
+//!
+//! Children die with their parent (`PR_SET_PDEATHSIG` plus a parent-pid check while idle); the
+//! parent checks each child's liveness while it waits for it. See `docs/design/worker.md`.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod child;
+pub mod frame;
+pub mod mailbox;
+pub mod shared;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use pto_comm::shm::ShmWorld;
+use pto_comm::{CommContext, CommError, WindowSpec};
+use pto_core::{
+    Chip, CoreKind, DType, KernelCtx, KernelError, KernelRegistry, Orch, OrchError, Program,
+    RunError, RunOptions, RunReport, Scalar, Submitted, TaskArgs, Tensor,
+};
+use pto_shm::process::{Forked, ProcessId};
+use pto_shm::ShmError;
+
+use frame::{Frame, FrameKind, Outcome, TensorDesc};
+use mailbox::{BootFacts, Ident, Mailbox};
+
+pub use mailbox::BootFacts as ChipFacts;
+
+/// Errors of the Worker, naming the chip or sub-worker, task and message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// The process has threads; forking now would be unsafe.
+    #[error("a Worker must be created before any thread starts (this process has {threads}); see the pto-worker docs")]
+    NotSingleThreaded {
+        /// Threads found.
+        threads: usize,
+    },
+    /// A chip failed to come up.
+    #[error("{who} failed to come up: {message}")]
+    Boot {
+        /// The chip.
+        who: String,
+        /// Its message.
+        message: String,
+    },
+    /// A child process died.
+    #[error("{who} (pid {pid}) died")]
+    ChildDied {
+        /// The chip or sub-worker.
+        who: String,
+        /// Its pid.
+        pid: u32,
+    },
+    /// A wait passed its deadline.
+    #[error("timeout: {0}")]
+    Timeout(String),
+    /// A frame or result in shared memory was invalid.
+    #[error("corrupt mailbox data: {0}")]
+    Corrupt(String),
+    /// Bad arguments.
+    #[error("{0}")]
+    Args(String),
+    /// The host run failed (a chip's task, a sub-worker, or the host orchestration).
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// The Worker cannot run any more.
+    #[error("the Worker is unusable: {0}")]
+    Broken(String),
+    /// Forking failed.
+    #[error("fork: {0}")]
+    Fork(std::io::Error),
+    /// The OS layer failed.
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    /// Communication failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+}
+
+/// What a chip program receives besides the orchestration API.
+#[derive(Debug)]
+pub struct ChipCall {
+    /// The task's tensors (views of host shared memory), in argument order.
+    pub tensors: Vec<(Tensor, pto_core::ArgMode)>,
+    /// The task's scalars.
+    pub scalars: Vec<Scalar>,
+    /// This chip's rank.
+    pub rank: usize,
+    /// Number of chips.
+    pub size: usize,
+    /// The chip's communicator and window (when the Worker has a comm configuration).
+    pub comm: Option<CommContext>,
+}
+
+impl ChipCall {
+    /// Tensor argument `i`.
+    ///
+    /// # Errors
+    ///
+    /// [`OrchError::Other`] when there is none.
+    pub fn tensor(&self, i: usize) -> Result<&Tensor, OrchError> {
+        self.tensors
+            .get(i)
+            .map(|t| &t.0)
+            .ok_or_else(|| OrchError::msg(format!("chip program has no tensor argument {i}")))
+    }
+}
+
+/// What a sub-worker closure receives.
+#[derive(Debug)]
+pub struct SubCall {
+    /// The task's tensors, in argument order.
+    pub tensors: Vec<(Tensor, pto_core::ArgMode)>,
+    /// The task's scalars.
+    pub scalars: Vec<Scalar>,
+}
+
+/// A chip program's orchestration.
+pub type ChipFn = dyn Fn(&mut Orch<'_>, &ChipCall) -> Result<(), OrchError> + Send + Sync;
+/// A sub-worker closure.
+pub type SubFn = dyn Fn(&SubCall) -> Result<(), String> + Send + Sync;
+type BootHook = dyn Fn(usize) -> Result<(), String> + Send + Sync;
+
+/// Everything a child needs; built before the fork, so children have it too.
+pub(crate) struct Spec {
+    chips: usize,
+    cores: (u32, u32),
+    subs: usize,
+    window: Option<WindowSpec>,
+    comm: bool,
+    programs: Vec<(String, Arc<KernelRegistry>, Arc<ChipFn>)>,
+    subs_fns: Vec<(String, Arc<SubFn>)>,
+    boot_hook: Option<Arc<BootHook>>,
+    timeout: Duration,
+}
+
+/// Builds a [`Worker`].
+pub struct WorkerBuilder {
+    spec: Spec,
+}
+
+impl fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("chips", &self.spec.chips)
+            .field("subs", &self.spec.subs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for WorkerBuilder {
+    fn default() -> Self {
+        WorkerBuilder::new()
+    }
+}
+
+impl WorkerBuilder {
+    /// One chip, 2 AIC and 4 AIV cores, no sub-worker, the shm comm backend without a window.
+    pub fn new() -> WorkerBuilder {
+        WorkerBuilder {
+            spec: Spec {
+                chips: 1,
+                cores: (2, 4),
+                subs: 0,
+                window: None,
+                comm: true,
+                programs: Vec::new(),
+                subs_fns: Vec::new(),
+                boot_hook: None,
+                timeout: pto_core::config::Settings::from_env().wait_timeout,
+            },
+        }
+    }
+
+    /// Number of chips (ranks).
+    pub fn chips(mut self, n: usize) -> Self {
+        self.spec.chips = n;
+        self
+    }
+
+    /// Logical cores per chip.
+    pub fn cores(mut self, aic: u32, aiv: u32) -> Self {
+        self.spec.cores = (aic, aiv);
+        self
+    }
+
+    /// Number of sub-workers (processes running host closures).
+    pub fn sub_workers(mut self, n: usize) -> Self {
+        self.spec.subs = n;
+        self
+    }
+
+    /// A symmetric window for every chip (allocated at bring-up), with its named buffers.
+    pub fn window(mut self, spec: WindowSpec) -> Self {
+        self.spec.window = Some(spec);
+        self
+    }
+
+    /// Without communication (chips do not join a world).
+    pub fn no_comm(mut self) -> Self {
+        self.spec.comm = false;
+        self
+    }
+
+    /// Deadline of bring-up and of every task.
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.spec.timeout = d;
+        self
+    }
+
+    /// Registers a chip program: its kernels and its orchestration.
+    pub fn program<F>(mut self, name: &str, kernels: KernelRegistry, orch: F) -> Self
+    where
+        F: Fn(&mut Orch<'_>, &ChipCall) -> Result<(), OrchError> + Send + Sync + 'static,
+    {
+        self.spec
+            .programs
+            .push((name.to_string(), Arc::new(kernels), Arc::new(orch)));
+        self
+    }
+
+    /// Registers a sub-worker closure.
+    pub fn sub<F>(mut self, name: &str, f: F) -> Self
+    where
+        F: Fn(&SubCall) -> Result<(), String> + Send + Sync + 'static,
+    {
+        self.spec.subs_fns.push((name.to_string(), Arc::new(f)));
+        self
+    }
+
+    /// A hook each chip runs during bring-up, with its rank (for example to load data); an
+    /// error fails the bring-up with that message.
+    pub fn on_bootstrap<F>(mut self, f: F) -> Self
+    where
+        F: Fn(usize) -> Result<(), String> + Send + Sync + 'static,
+    {
+        self.spec.boot_hook = Some(Arc::new(f));
+        self
+    }
+
+    /// Forks the children, waits until every chip is up, and starts the host scheduler.
+    ///
+    /// # Errors
+    ///
+    /// Bad sizes, a process that already has threads, a chip whose bring-up failed (named,
+    /// with its message: every child is then reaped and no segment is left), or a timeout.
+    pub fn init(self) -> Result<Worker, WorkerError> {
+        let spec = Arc::new(self.spec);
+        if spec.chips == 0 || spec.chips > pto_comm::MAX_RANKS {
+            return Err(WorkerError::Args(format!(
+                "a Worker needs 1 to {} chips, not {}",
+                pto_comm::MAX_RANKS,
+                spec.chips
+            )));
+        }
+        let threads = pto_shm::process::thread_count();
+        if threads > 1 {
+            return Err(WorkerError::NotSingleThreaded { threads });
+        }
+        let t0 = Instant::now();
+        let world = if spec.comm {
+            Some(ShmWorld::create(spec.chips)?)
+        } else {
+            None
+        };
+        let total = spec.chips + spec.subs;
+        let mut boxes = Vec::with_capacity(total);
+        for i in 0..total {
+            boxes.push(Mailbox::create(&format!("mb{i}"))?);
+        }
+        let parent = std::process::id();
+        let mut children: Vec<ChildHandle> = Vec::with_capacity(total);
+        let mut boxes = boxes.into_iter();
+        for i in 0..total {
+            let Some(mb) = boxes.next() else { break };
+            let chip = (i < spec.chips).then_some(i);
+            // SAFETY: checked above that this process is single-threaded, and no thread has
+            // been started since; the child runs `child_main`, which never returns.
+            #[allow(unsafe_code)]
+            let forked = unsafe { pto_shm::process::fork() };
+            match forked {
+                Ok(Forked::Child) => child::child_main(&spec, world.as_ref(), &mb, chip, parent),
+                Ok(Forked::Parent(pid)) => children.push(ChildHandle {
+                    who: match chip {
+                        Some(c) => format!("chip {c}"),
+                        None => format!("sub-worker {}", i - spec.chips),
+                    },
+                    pid,
+                    mailbox: mb,
+                    generation: Mutex::new(0),
+                    reaped: Mutex::new(false),
+                }),
+                Err(e) => {
+                    reap_all(&children, Duration::from_millis(500));
+                    return Err(WorkerError::Fork(e));
+                }
+            }
+        }
+        // Bring-up: wait for every child's bootstrap record.
+        let deadline = Instant::now() + spec.timeout;
+        let mut facts = vec![None; total];
+        let failure = 'wait: loop {
+            let mut pending = false;
+            for (i, c) in children.iter().enumerate() {
+                if facts[i].is_some() {
+                    continue;
+                }
+                match c.mailbox.boot_result() {
+                    Ok(Some(f)) => facts[i] = Some(f),
+                    Ok(None) => {
+                        if !c.pid.is_alive() {
+                            // It may have reported just before dying.
+                            match c.mailbox.boot_result() {
+                                Err(message) => {
+                                    break 'wait Some(WorkerError::Boot {
+                                        who: c.who.clone(),
+                                        message,
+                                    })
+                                }
+                                Ok(Some(f)) => facts[i] = Some(f),
+                                Ok(None) => {
+                                    break 'wait Some(WorkerError::ChildDied {
+                                        who: c.who.clone(),
+                                        pid: c.pid.pid,
+                                    })
+                                }
+                            }
+                        } else {
+                            pending = true;
+                        }
+                    }
+                    Err(message) => {
+                        break 'wait Some(WorkerError::Boot {
+                            who: c.who.clone(),
+                            message,
+                        })
+                    }
+                }
+            }
+            if !pending {
+                break None;
+            }
+            if Instant::now() >= deadline {
+                break Some(WorkerError::Timeout(format!(
+                    "chips not up within {:?}",
+                    spec.timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        };
+        if let Some(e) = failure {
+            reap_all(&children, Duration::from_millis(500));
+            drop(world);
+            return Err(e);
+        }
+        let facts: Vec<BootFacts> = facts.into_iter().map(Option::unwrap_or_default).collect();
+        let state = Arc::new(HostState {
+            children,
+            chips: spec.chips,
+            timeout: spec.timeout,
+            run: AtomicU64::new(0),
+            broken: Mutex::new(None),
+            traces: Mutex::new(Vec::new()),
+            tracing: std::sync::atomic::AtomicBool::new(false),
+        });
+        let host = Chip::builder()
+            .chip_id(u32::MAX)
+            .aic_cores(0)
+            .aiv_cores(total as u32 + 1)
+            .threads(total + 1)
+            .ring_heap_bytes(16 << 20)
+            .ring_allocator(Arc::new(shared::shared_buffer))
+            .extension(state.clone())
+            .build()?;
+        Ok(Worker {
+            spec,
+            state,
+            host,
+            facts,
+            world,
+            init_time: t0.elapsed(),
+            closed: false,
+        })
+    }
+}
+
+struct ChildHandle {
+    who: String,
+    pid: ProcessId,
+    mailbox: Mailbox,
+    /// Held while a task runs on this child; counts frames sent.
+    generation: Mutex<u64>,
+    reaped: Mutex<bool>,
+}
+
+fn reap_all(children: &[ChildHandle], grace: Duration) {
+    for c in children {
+        c.mailbox.shutdown();
+    }
+    let deadline = Instant::now() + grace;
+    for c in children {
+        let mut reaped = c.reaped.lock();
+        if *reaped {
+            continue;
+        }
+        loop {
+            if pto_shm::process::try_reap(c.pid.pid).is_some() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                pto_shm::process::kill(c.pid.pid);
+                let t = Instant::now();
+                while pto_shm::process::try_reap(c.pid.pid).is_none()
+                    && t.elapsed() < Duration::from_secs(2)
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        *reaped = true;
+    }
+}
+
+/// The host's view of its children, reachable from host kernels (the host chip's extension).
+struct HostState {
+    children: Vec<ChildHandle>,
+    chips: usize,
+    timeout: Duration,
+    run: AtomicU64,
+    broken: Mutex<Option<String>>,
+    traces: Mutex<Vec<String>>,
+    tracing: std::sync::atomic::AtomicBool,
+}
+
+impl HostState {
+    fn send(&self, child: usize, task: u64, frame: &[u8]) -> Result<Outcome, String> {
+        let c = &self.children[child];
+        let mut gen = c.generation.lock();
+        *gen += 1;
+        let ident = Ident {
+            run: self.run.load(Ordering::Relaxed),
+            task,
+            generation: *gen,
+        };
+        self.exchange(c, ident, frame)
+    }
+
+    fn exchange(&self, c: &ChildHandle, ident: Ident, frame: &[u8]) -> Result<Outcome, String> {
+        c.mailbox.send(ident, frame).map_err(|e| e.to_string())?;
+        let bytes = c
+            .mailbox
+            .wait_result(ident, c.pid, &c.who, Instant::now() + self.timeout)
+            .map_err(|e| {
+                if matches!(e, WorkerError::ChildDied { .. }) {
+                    *self.broken.lock() = Some(e.to_string());
+                }
+                e.to_string()
+            })?;
+        let out = Outcome::decode(&bytes).map_err(|e| format!("{}: {e}", c.who))?;
+        if !out.trace.is_empty() {
+            self.traces.lock().push(out.trace.clone());
+        }
+        Ok(out)
+    }
+}
+
+fn descs(ctx: &KernelCtx<'_>) -> Result<Vec<TensorDesc>, KernelError> {
+    (0..ctx.num_tensors())
+        .map(|i| {
+            let t = ctx.tensor(i)?;
+            let (name, off) = t.buffer().shared_at().ok_or_else(|| {
+                KernelError::msg(format!(
+                    "tensor argument {i} is not in shared memory: make it with Worker::tensor"
+                ))
+            })?;
+            Ok(TensorDesc {
+                segment: name.to_string(),
+                buffer_offset: off as u64,
+                buffer_len: t.buffer().len() as u64,
+                offset: t.region().offset() as u64,
+                dtype: t.dtype(),
+                mode: ctx.mode(i)?,
+                shape: t.shape().iter().map(|&v| v as u64).collect(),
+                strides: t.strides().iter().map(|&v| v as u64).collect(),
+            })
+        })
+        .collect()
+}
+
+/// Splits the routing scalars (the last `k`) from the user's.
+fn split_scalars(
+    ctx: &KernelCtx<'_>,
+    k: usize,
+) -> Result<(Vec<(u64, DType)>, Vec<u64>), KernelError> {
+    let all = ctx.scalars();
+    if all.len() < k {
+        return Err(KernelError::msg("missing routing scalars"));
+    }
+    let (user, route) = all.split_at(all.len() - k);
+    Ok((
+        user.iter().map(|s| (s.bits(), s.dtype())).collect(),
+        route.iter().map(Scalar::bits).collect(),
+    ))
+}
+
+fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> {
+    let mut k = KernelRegistry::new();
+    // Routing scalars: [.., program, chip].
+    k.register("chip", CoreKind::Aiv, |ctx| {
+        let st = host(ctx)?;
+        let (scalars, route) = split_scalars(ctx, 2)?;
+        let (program, chip) = (route[0] as u32, route[1] as usize);
+        let frame = Frame {
+            kind: FrameKind::Chip,
+            index: program,
+            tensors: descs(ctx)?,
+            scalars,
+            trace: st.tracing.load(Ordering::Relaxed),
+        }
+        .encode();
+        check(
+            st.send(chip, ctx.task().get(), &frame),
+            &st.children[chip].who,
+            ctx,
+        )
+    })?;
+    // Routing scalars: [.., program, n, chip_0 .. chip_n-1].
+    k.register("group", CoreKind::Aiv, |ctx| {
+        let st = host(ctx)?;
+        let all = ctx.scalars();
+        let n = all
+            .len()
+            .checked_sub(1)
+            .and_then(|i| all.get(i))
+            .map(|s| s.bits() as usize)
+            .ok_or_else(|| KernelError::msg("missing group size"))?;
+        let (scalars, route) = split_scalars(ctx, n + 3)?;
+        let program = route[0] as u32;
+        let mut members: Vec<usize> = route[2..2 + n].iter().map(|&c| c as usize).collect();
+        let frame = Frame {
+            kind: FrameKind::Chip,
+            index: program,
+            tensors: descs(ctx)?,
+            scalars,
+            trace: st.tracing.load(Ordering::Relaxed),
+        }
+        .encode();
+        // Take every member's lock in one order (no two groups can deadlock), publish all
+        // frames, then collect every result.
+        members.sort_unstable();
+        let guards: Vec<_> = members
+            .iter()
+            .map(|&m| st.children[m].generation.lock())
+            .collect();
+        let run = st.run.load(Ordering::Relaxed);
+        let mut idents = Vec::with_capacity(members.len());
+        for (g, &m) in guards.into_iter().zip(&members) {
+            let mut g = g;
+            *g += 1;
+            let ident = Ident {
+                run,
+                task: ctx.task().get(),
+                generation: *g,
+            };
+            st.children[m]
+                .mailbox
+                .send(ident, &frame)
+                .map_err(|e| KernelError::msg(e.to_string()))?;
+            idents.push((m, ident, g));
+        }
+        let mut first_err = None;
+        for (m, ident, _g) in &idents {
+            let c = &st.children[*m];
+            let r = c
+                .mailbox
+                .wait_result(*ident, c.pid, &c.who, Instant::now() + st.timeout)
+                .map_err(|e| {
+                    if matches!(e, WorkerError::ChildDied { .. }) {
+                        *st.broken.lock() = Some(e.to_string());
+                    }
+                    e.to_string()
+                })
+                .and_then(|b| Outcome::decode(&b).map_err(|e| e.to_string()));
+            match r {
+                Ok(o) if o.status == 0 => {
+                    if !o.trace.is_empty() {
+                        st.traces.lock().push(o.trace);
+                    }
+                }
+                Ok(o) => {
+                    first_err.get_or_insert(format!("{}: {}", c.who, o.message));
+                }
+                Err(e) => {
+                    first_err.get_or_insert(format!("{}: {e}", c.who));
+                }
+            }
+        }
+        match first_err {
+            None => Ok(()),
+            Some(e) => Err(KernelError::msg(e)),
+        }
+    })?;
+    // Routing scalars: [.., function].
+    k.register("sub", CoreKind::Aiv, |ctx| {
+        let st = host(ctx)?;
+        let (scalars, route) = split_scalars(ctx, 1)?;
+        let frame = Frame {
+            kind: FrameKind::Sub,
+            index: route[0] as u32,
+            tensors: descs(ctx)?,
+            scalars,
+            trace: false,
+        }
+        .encode();
+        let subs: Vec<usize> = (st.chips..st.children.len()).collect();
+        if subs.is_empty() {
+            return Err(KernelError::msg("the Worker has no sub-workers"));
+        }
+        // An idle sub-worker if there is one, else the task's own choice (it waits its turn).
+        let pick = subs
+            .iter()
+            .copied()
+            .find(|&s| st.children[s].generation.try_lock().is_some())
+            .unwrap_or(subs[ctx.task().get() as usize % subs.len()]);
+        check(
+            st.send(pick, ctx.task().get(), &frame),
+            &st.children[pick].who,
+            ctx,
+        )
+    })?;
+    Ok(k)
+}
+
+fn host<'a>(ctx: &'a KernelCtx<'_>) -> Result<&'a HostState, KernelError> {
+    ctx.ext::<HostState>()
+        .ok_or_else(|| KernelError::msg("host kernel outside a Worker"))
+}
+
+fn check(r: Result<Outcome, String>, who: &str, ctx: &KernelCtx<'_>) -> Result<(), KernelError> {
+    match r {
+        Ok(o) if o.status == 0 => Ok(()),
+        Ok(o) => Err(KernelError::msg(format!(
+            "{who}: host task {}: {}",
+            ctx.task(),
+            o.message
+        ))),
+        Err(e) => Err(KernelError::msg(format!(
+            "{who}: host task {}: {e}",
+            ctx.task()
+        ))),
+    }
+}
+
+/// The host orchestration API: submit chip programs, groups and sub-worker closures.
+pub struct HostOrch<'o, 'a> {
+    orch: &'o mut Orch<'a>,
+    spec: &'o Spec,
+}
+
+impl fmt::Debug for HostOrch<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostOrch").finish_non_exhaustive()
+    }
+}
+
+impl<'a> HostOrch<'_, 'a> {
+    fn program(&self, name: &str) -> Result<u64, OrchError> {
+        self.spec
+            .programs
+            .iter()
+            .position(|p| p.0 == name)
+            .map(|p| p as u64)
+            .ok_or_else(|| OrchError::msg(format!("no chip program named {name:?}")))
+    }
+
+    fn chip_index(&self, chip: usize) -> Result<u64, OrchError> {
+        if chip >= self.spec.chips {
+            return Err(OrchError::msg(format!(
+                "chip {chip} does not exist (the Worker has {})",
+                self.spec.chips
+            )));
+        }
+        Ok(chip as u64)
+    }
+
+    /// Runs chip program `program` on chip `chip` with `args` (host tensors and scalars).
+    ///
+    /// # Errors
+    ///
+    /// An unknown program or chip, or the errors of [`Orch::submit`].
+    pub fn submit_chip(
+        &mut self,
+        chip: usize,
+        program: &str,
+        args: TaskArgs,
+    ) -> Result<Submitted, OrchError> {
+        let (p, c) = (self.program(program)?, self.chip_index(chip)?);
+        self.orch.submit("chip", args.scalar(p).scalar(c))
+    }
+
+    /// Runs `program` on every chip of `chips` at the same time (what a collective needs): no
+    /// member starts before every member is free.
+    ///
+    /// # Errors
+    ///
+    /// An empty or repeated member list, an unknown program or chip, or the errors of
+    /// [`Orch::submit`].
+    pub fn submit_group(
+        &mut self,
+        chips: &[usize],
+        program: &str,
+        args: TaskArgs,
+    ) -> Result<Submitted, OrchError> {
+        let p = self.program(program)?;
+        let mut seen = vec![false; self.spec.chips];
+        if chips.is_empty() {
+            return Err(OrchError::msg("a group needs at least one chip"));
+        }
+        let mut args = args.scalar(p).scalar(chips.len() as u64);
+        for &c in chips {
+            self.chip_index(c)?;
+            if std::mem::replace(&mut seen[c], true) {
+                return Err(OrchError::msg(format!(
+                    "chip {c} is listed twice in a group"
+                )));
+            }
+        }
+        for &c in chips {
+            args = args.scalar(c as u64);
+        }
+        // The size goes last so the kernel can find the member list.
+        args = args.scalar(chips.len() as u64);
+        self.orch.submit("group", args)
+    }
+
+    /// Runs sub-worker closure `name` on a free sub-worker.
+    ///
+    /// # Errors
+    ///
+    /// An unknown closure, or the errors of [`Orch::submit`].
+    pub fn submit_sub(&mut self, name: &str, args: TaskArgs) -> Result<Submitted, OrchError> {
+        let f = self
+            .spec
+            .subs_fns
+            .iter()
+            .position(|s| s.0 == name)
+            .ok_or_else(|| OrchError::msg(format!("no sub-worker closure named {name:?}")))?;
+        self.orch.submit("sub", args.scalar(f as u64))
+    }
+
+    /// The underlying orchestration (scopes, reads, dummy tasks).
+    pub fn orch(&mut self) -> &mut Orch<'a> {
+        self.orch
+    }
+}
+
+/// A running Worker: its children are up; runs host orchestrations.
+pub struct Worker {
+    spec: Arc<Spec>,
+    state: Arc<HostState>,
+    host: Chip,
+    facts: Vec<BootFacts>,
+    world: Option<ShmWorld>,
+    init_time: Duration,
+    closed: bool,
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("chips", &self.spec.chips)
+            .field("subs", &self.spec.subs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a successful run did.
+#[derive(Debug)]
+pub struct WorkerReport {
+    /// The host run's report.
+    pub host: RunReport,
+    /// Chrome trace events of the host and every chip (empty unless asked for).
+    pub trace_events: Vec<serde_json::Value>,
+}
+
+impl Worker {
+    /// A builder.
+    pub fn builder() -> WorkerBuilder {
+        WorkerBuilder::new()
+    }
+
+    /// What chip `i` reported at bring-up.
+    pub fn chip_facts(&self, i: usize) -> Option<&ChipFacts> {
+        self.facts.get(i)
+    }
+
+    /// Time `init` took, from the first fork to every chip up.
+    pub fn init_time(&self) -> Duration {
+        self.init_time
+    }
+
+    /// A zeroed host tensor in shared memory (children see it without copies).
+    ///
+    /// # Errors
+    ///
+    /// A bad shape or no space in `/dev/shm`.
+    pub fn tensor(&self, shape: &[usize], dtype: DType) -> Result<Tensor, WorkerError> {
+        let n: usize = shape.iter().product::<usize>() * dtype.size();
+        let buf = shared::shared_buffer(n).map_err(|e| WorkerError::Args(e.to_string()))?;
+        Tensor::new(buf, dtype, shape, 0).map_err(|e| WorkerError::Args(e.to_string()))
+    }
+
+    fn usable(&self) -> Result<(), WorkerError> {
+        if self.closed {
+            return Err(WorkerError::Broken("closed".into()));
+        }
+        if let Some(b) = self.state.broken.lock().clone() {
+            return Err(WorkerError::Broken(b));
+        }
+        for c in &self.state.children {
+            if !c.pid.is_alive() {
+                let e = format!("{} (pid {}) died", c.who, c.pid.pid);
+                *self.state.broken.lock() = Some(e.clone());
+                return Err(WorkerError::Broken(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a host orchestration.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkerError::Run`] when a chip task, a sub-worker or the orchestration failed (named;
+    /// dependent tasks were poisoned; the Worker stays usable), [`WorkerError::Broken`] when a
+    /// child died (the Worker is then unusable).
+    pub fn run<F>(&self, f: F) -> Result<RunReport, WorkerError>
+    where
+        F: Fn(&mut HostOrch<'_, '_>) -> Result<(), OrchError> + Send + Sync + 'static,
+    {
+        self.run_with(f, false).map(|r| r.host)
+    }
+
+    /// [`Worker::run`] with a trace of the host and every chip on one clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Worker::run`].
+    pub fn run_with<F>(&self, f: F, trace: bool) -> Result<WorkerReport, WorkerError>
+    where
+        F: Fn(&mut HostOrch<'_, '_>) -> Result<(), OrchError> + Send + Sync + 'static,
+    {
+        self.usable()?;
+        self.state.run.fetch_add(1, Ordering::Relaxed);
+        self.state.tracing.store(trace, Ordering::Relaxed);
+        self.state.traces.lock().clear();
+        let spec = self.spec.clone();
+        let program = Program::new(
+            "host",
+            host_kernels().map_err(|e| WorkerError::Args(e.to_string()))?,
+            move |o| {
+                let mut h = HostOrch {
+                    orch: o,
+                    spec: &spec,
+                };
+                f(&mut h)
+            },
+        );
+        let r = self.host.run_with(&program, RunOptions { trace });
+        if let Some(b) = self.state.broken.lock().clone() {
+            return Err(WorkerError::Broken(b));
+        }
+        let host = r?;
+        let mut trace_events = Vec::new();
+        if let Some(t) = &host.trace {
+            let mut t = t.clone();
+            t.chip = 0;
+            for mut e in t.chrome_events() {
+                // The host is its own process in the trace.
+                e["pid"] = serde_json::json!(u32::MAX);
+                if e["name"] == "process_name" {
+                    e["args"]["name"] = serde_json::json!("host");
+                }
+                trace_events.push(e);
+            }
+        }
+        for chunk in self.state.traces.lock().drain(..) {
+            if let Ok(serde_json::Value::Array(v)) = serde_json::from_str(&chunk) {
+                trace_events.extend(v);
+            }
+        }
+        Ok(WorkerReport { host, trace_events })
+    }
+
+    /// Test hook: sends raw bytes as chip `chip`'s next frame, claiming `claimed_len` bytes,
+    /// and returns the child's verdict.
+    #[doc(hidden)]
+    pub fn debug_send_raw(
+        &self,
+        chip: usize,
+        bytes: &[u8],
+        claimed_len: u32,
+    ) -> Result<Outcome, WorkerError> {
+        let c = self
+            .state
+            .children
+            .get(chip)
+            .ok_or_else(|| WorkerError::Args(format!("no child {chip}")))?;
+        let mut g = c.generation.lock();
+        *g += 1;
+        let ident = Ident {
+            run: u64::MAX,
+            task: u64::MAX,
+            generation: *g,
+        };
+        c.mailbox.inject_garbage(ident, bytes, claimed_len);
+        let b = c
+            .mailbox
+            .wait_result(ident, c.pid, &c.who, Instant::now() + self.spec.timeout)?;
+        Outcome::decode(&b).map_err(|e| WorkerError::Corrupt(e.to_string()))
+    }
+
+    /// The pid of chip or sub-worker `i` (chips first).
+    pub fn child_pid(&self, i: usize) -> Option<u32> {
+        self.state.children.get(i).map(|c| c.pid.pid)
+    }
+
+    /// Shuts every child down and reaps it (children that do not leave within a second are
+    /// killed), then removes every segment of the Worker's world.
+    pub fn close(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        reap_all(&self.state.children, Duration::from_secs(1));
+        self.world.take();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

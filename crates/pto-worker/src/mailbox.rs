@@ -1,0 +1,343 @@
+//! Per-child mailboxes and bootstrap channels in shared memory.
+//!
+//! One segment per child, created by the parent before it forks:
+//!
+//! | offset | what |
+//! |---|---|
+//! | 256 | `state`: IDLE 0, TASK 1 (parent published a frame), DONE 2 (child published a result) |
+//! | 260 | `shutdown`: sticky; 0 until the parent asks the child to leave, then 1 forever |
+//! | 264 | `sleepers` (for the futex handshake) |
+//! | 272 | frame length, 276 result length |
+//! | 280 | frame identity `{run, task, generation}` written by the parent |
+//! | 304 | result identity, echoed by the child |
+//! | 1024 | bootstrap record: state (IDLE 0, SUCCESS 1, ERROR 2), code, rank, size, window bytes, buffer count, message length, buffer offsets (64), message (1024 bytes) |
+//! | 4096 | frame bytes ([`FRAME_CAP`]) |
+//! | 4096 + FRAME_CAP | result bytes ([`RESULT_CAP`]) |
+//!
+//! Writers fill the payload, then release-store the state word; readers acquire-load the state
+//! word, then read the payload. Every length read from the segment is bounds-checked. See
+//! `docs/design/worker.md`.
+
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use pto_shm::process::ProcessId;
+use pto_shm::wait::{wait_until, wake, WaitError};
+use pto_shm::{segment_kind, HeaderInit, Segment};
+
+use crate::frame::truncate;
+use crate::WorkerError;
+
+/// Bytes for a frame.
+pub const FRAME_CAP: usize = 64 << 10;
+/// Bytes for a result (message and trace).
+pub const RESULT_CAP: usize = 256 << 10;
+const DATA: usize = 4096;
+const BOOT: usize = 1024;
+const BOOT_OFFSETS: usize = BOOT + 32;
+const MAX_BUFFERS: usize = 64;
+const BOOT_MSG: usize = 2048;
+const BOOT_MSG_CAP: usize = 1024;
+
+const IDLE: u32 = 0;
+const TASK: u32 = 1;
+const DONE: u32 = 2;
+
+/// The facts a chip reports when it is up.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BootFacts {
+    /// Its rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub size: u32,
+    /// Window bytes per rank (0 without a window).
+    pub window_bytes: u64,
+    /// Offsets of the named buffers in the window.
+    pub buffer_offsets: Vec<u64>,
+}
+
+/// Identity of a frame: which run, which host task, which send to this child.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ident {
+    /// Worker run number.
+    pub run: u64,
+    /// Host task id.
+    pub task: u64,
+    /// Per-mailbox send counter.
+    pub generation: u64,
+}
+
+/// A child's mailbox.
+#[derive(Debug)]
+pub struct Mailbox {
+    seg: Segment,
+}
+
+impl Mailbox {
+    /// Creates a mailbox (parent, before forking).
+    ///
+    /// # Errors
+    ///
+    /// An OS error or no space in `/dev/shm`.
+    pub fn create(tag: &str) -> Result<Mailbox, WorkerError> {
+        let name = Segment::fresh_name(tag);
+        let seg = Segment::create(
+            &name,
+            DATA + FRAME_CAP + RESULT_CAP,
+            HeaderInit {
+                kind: segment_kind::MAILBOX,
+                ..HeaderInit::default()
+            },
+        )?;
+        Ok(Mailbox { seg })
+    }
+
+    /// The segment's name.
+    pub fn name(&self) -> &str {
+        self.seg.name()
+    }
+
+    fn w32(&self, off: usize) -> &AtomicU32 {
+        self.seg.atomic_u32(off)
+    }
+
+    fn w64(&self, off: usize) -> &AtomicU64 {
+        self.seg.atomic_u64(off)
+    }
+
+    fn write_bytes(&self, off: usize, cap: usize, b: &[u8]) -> usize {
+        let n = b.len().min(cap);
+        // SAFETY: `off + cap` lies inside the segment (layout above) and the protocol gives the
+        // writer exclusive use of this area until it publishes the state word.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), self.seg.as_ptr().add(off), n) };
+        n
+    }
+
+    fn read_bytes(&self, off: usize, cap: usize, len: usize) -> Result<Vec<u8>, WorkerError> {
+        if len > cap {
+            return Err(WorkerError::Corrupt(format!(
+                "mailbox {} claims {len} bytes in an area of {cap}",
+                self.name()
+            )));
+        }
+        let mut v = vec![0u8; len];
+        // SAFETY: `off + len <= off + cap`, inside the segment; the protocol gives the reader
+        // this area after it acquired the state word.
+        unsafe { std::ptr::copy_nonoverlapping(self.seg.as_ptr().add(off), v.as_mut_ptr(), len) };
+        Ok(v)
+    }
+
+    // ---- parent side ----
+
+    /// Publishes a frame to the child.
+    ///
+    /// # Errors
+    ///
+    /// A frame larger than [`FRAME_CAP`].
+    pub fn send(&self, ident: Ident, frame: &[u8]) -> Result<(), WorkerError> {
+        if frame.len() > FRAME_CAP {
+            return Err(WorkerError::Args(format!(
+                "task frame of {} bytes exceeds the mailbox's {FRAME_CAP}",
+                frame.len()
+            )));
+        }
+        self.write_bytes(DATA, FRAME_CAP, frame);
+        self.w32(272).store(frame.len() as u32, Ordering::Relaxed);
+        self.w64(280).store(ident.run, Ordering::Relaxed);
+        self.w64(288).store(ident.task, Ordering::Relaxed);
+        self.w64(296).store(ident.generation, Ordering::Relaxed);
+        self.w32(256).store(TASK, Ordering::SeqCst);
+        wake(self.w32(256), self.w32(264));
+        Ok(())
+    }
+
+    /// Waits for the child's result of `ident`, checking the child's liveness.
+    ///
+    /// # Errors
+    ///
+    /// The child died ([`WorkerError::ChildDied`]), the deadline passed, or the result's identity
+    /// or length is corrupt.
+    pub fn wait_result(
+        &self,
+        ident: Ident,
+        child: ProcessId,
+        who: &str,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, WorkerError> {
+        let r = wait_until(
+            self.w32(256),
+            self.w32(264),
+            |v| v == DONE,
+            deadline,
+            || {
+                if child.is_alive() {
+                    Ok(())
+                } else {
+                    Err(())
+                }
+            },
+        );
+        match r {
+            Ok(()) => {}
+            Err(WaitError::Check(())) => {
+                // It may have published just before dying.
+                if self.w32(256).load(Ordering::Acquire) != DONE {
+                    return Err(WorkerError::ChildDied {
+                        who: who.to_string(),
+                        pid: child.pid,
+                    });
+                }
+            }
+            Err(WaitError::Timeout { waited }) => {
+                return Err(WorkerError::Timeout(format!(
+                    "{who} did not finish task {} within {waited:?}",
+                    ident.task
+                )))
+            }
+        }
+        let got = Ident {
+            run: self.w64(304).load(Ordering::Relaxed),
+            task: self.w64(312).load(Ordering::Relaxed),
+            generation: self.w64(320).load(Ordering::Relaxed),
+        };
+        if got != ident {
+            return Err(WorkerError::Corrupt(format!(
+                "{who} answered {got:?} to frame {ident:?}"
+            )));
+        }
+        let len = self.w32(276).load(Ordering::Relaxed) as usize;
+        let out = self.read_bytes(DATA + FRAME_CAP, RESULT_CAP, len)?;
+        self.w32(256).store(IDLE, Ordering::Release);
+        Ok(out)
+    }
+
+    /// Asks the child to leave (sticky: nothing clears it).
+    pub fn shutdown(&self) {
+        self.w32(260).store(1, Ordering::SeqCst);
+        wake(self.w32(256), self.w32(264));
+        pto_shm::futex::wake_all(self.w32(256));
+    }
+
+    /// Reads the bootstrap record: `None` while the child has not reported.
+    ///
+    /// # Errors
+    ///
+    /// The child reported an error (its message), or the record is corrupt.
+    pub fn boot_result(&self) -> Result<Option<BootFacts>, String> {
+        match self.w32(BOOT).load(Ordering::Acquire) {
+            0 => Ok(None),
+            1 => {
+                let n = self.w32(BOOT + 24).load(Ordering::Relaxed) as usize;
+                if n > MAX_BUFFERS {
+                    return Err(format!("corrupt bootstrap record: {n} buffers"));
+                }
+                Ok(Some(BootFacts {
+                    rank: self.w32(BOOT + 8).load(Ordering::Relaxed),
+                    size: self.w32(BOOT + 12).load(Ordering::Relaxed),
+                    window_bytes: self.w64(BOOT + 16).load(Ordering::Relaxed),
+                    buffer_offsets: (0..n)
+                        .map(|i| self.w64(BOOT_OFFSETS + 8 * i).load(Ordering::Relaxed))
+                        .collect(),
+                }))
+            }
+            2 => {
+                let len = (self.w32(BOOT + 28).load(Ordering::Relaxed) as usize).min(BOOT_MSG_CAP);
+                let b = self
+                    .read_bytes(BOOT_MSG, BOOT_MSG_CAP, len)
+                    .map_err(|e| e.to_string())?;
+                Err(String::from_utf8_lossy(&b).into_owned())
+            }
+            s => Err(format!("corrupt bootstrap record: state {s}")),
+        }
+    }
+
+    // ---- child side ----
+
+    /// Reports a successful bring-up.
+    pub fn boot_success(&self, f: &BootFacts) {
+        let n = f.buffer_offsets.len().min(MAX_BUFFERS);
+        self.w32(BOOT + 8).store(f.rank, Ordering::Relaxed);
+        self.w32(BOOT + 12).store(f.size, Ordering::Relaxed);
+        self.w64(BOOT + 16).store(f.window_bytes, Ordering::Relaxed);
+        self.w32(BOOT + 24).store(n as u32, Ordering::Relaxed);
+        for (i, &o) in f.buffer_offsets.iter().take(n).enumerate() {
+            self.w64(BOOT_OFFSETS + 8 * i).store(o, Ordering::Relaxed);
+        }
+        self.w32(BOOT).store(1, Ordering::Release);
+    }
+
+    /// Reports a failed bring-up (the message is truncated to 1024 bytes).
+    pub fn boot_error(&self, code: u32, msg: &str) {
+        let m = truncate(msg, BOOT_MSG_CAP);
+        let n = self.write_bytes(BOOT_MSG, BOOT_MSG_CAP, m.as_bytes());
+        self.w32(BOOT + 4).store(code, Ordering::Relaxed);
+        self.w32(BOOT + 28).store(n as u32, Ordering::Relaxed);
+        self.w32(BOOT).store(2, Ordering::Release);
+    }
+
+    /// Waits for the next frame; `Ok(None)` on shutdown or when the parent is gone.
+    ///
+    /// # Errors
+    ///
+    /// A frame length past the mailbox.
+    #[allow(clippy::type_complexity)]
+    pub fn next_frame(
+        &self,
+        parent: u32,
+    ) -> Result<Option<(Ident, Result<Vec<u8>, WorkerError>)>, WorkerError> {
+        loop {
+            if self.w32(260).load(Ordering::Acquire) != 0 {
+                return Ok(None);
+            }
+            let r = wait_until(
+                self.w32(256),
+                self.w32(264),
+                |v| v == TASK,
+                Instant::now() + Duration::from_millis(200),
+                || Ok::<(), ()>(()),
+            );
+            if self.w32(260).load(Ordering::Acquire) != 0
+                || pto_shm::process::parent_pid() != parent
+            {
+                return Ok(None);
+            }
+            if r.is_ok() {
+                let ident = Ident {
+                    run: self.w64(280).load(Ordering::Relaxed),
+                    task: self.w64(288).load(Ordering::Relaxed),
+                    generation: self.w64(296).load(Ordering::Relaxed),
+                };
+                let len = self.w32(272).load(Ordering::Relaxed) as usize;
+                // Consume the publication before serving it.
+                self.w32(256).store(IDLE, Ordering::Relaxed);
+                return Ok(Some((ident, self.read_bytes(DATA, FRAME_CAP, len))));
+            }
+        }
+    }
+
+    /// Publishes a result for `ident`.
+    pub fn reply(&self, ident: Ident, result: &[u8]) {
+        let n = self.write_bytes(DATA + FRAME_CAP, RESULT_CAP, result);
+        self.w32(276).store(n as u32, Ordering::Relaxed);
+        self.w64(304).store(ident.run, Ordering::Relaxed);
+        self.w64(312).store(ident.task, Ordering::Relaxed);
+        self.w64(320).store(ident.generation, Ordering::Relaxed);
+        self.w32(256).store(DONE, Ordering::SeqCst);
+        wake(self.w32(256), self.w32(264));
+    }
+
+    /// Test hook: overwrites the frame area and publishes garbage, as a corrupted parent or a
+    /// stray writer would.
+    #[doc(hidden)]
+    pub fn inject_garbage(&self, ident: Ident, bytes: &[u8], claimed_len: u32) {
+        self.write_bytes(DATA, FRAME_CAP, bytes);
+        self.w32(272).store(claimed_len, Ordering::Relaxed);
+        self.w64(280).store(ident.run, Ordering::Relaxed);
+        self.w64(288).store(ident.task, Ordering::Relaxed);
+        self.w64(296).store(ident.generation, Ordering::Relaxed);
+        self.w32(256).store(TASK, Ordering::SeqCst);
+        wake(self.w32(256), self.w32(264));
+    }
+}

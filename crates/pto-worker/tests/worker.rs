@@ -1,0 +1,420 @@
+//! Worker tests. The Worker forks, and forking needs a single-threaded process, so this target
+//! has `harness = false` and runs every test on the main thread (libtest-mimic, one thread).
+
+// Test helpers unwrap: a failure there is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use pto_comm::{BufferSpec, CommContext, SignalOp, WindowSpec};
+use pto_core::{CoreKind, DType, KernelError, KernelRegistry, TaskArgs};
+use pto_worker::{Worker, WorkerBuilder, WorkerError};
+
+fn kernels() -> KernelRegistry {
+    let mut k = KernelRegistry::new();
+    k.register("add", CoreKind::Aiv, |ctx| {
+        let (a, b) = (ctx.input::<f32>(0)?.to_vec(), ctx.input::<f32>(1)?.to_vec());
+        ctx.output::<f32>(2)?
+            .assign(&a.iter().zip(&b).map(|(x, y)| x + y).collect::<Vec<_>>())?;
+        Ok(())
+    })
+    .unwrap();
+    k.register("boom", CoreKind::Aiv, |_| {
+        Err(KernelError::msg("chip kernel failed on purpose"))
+    })
+    .unwrap();
+    // Ring barrier through the window: notify the next rank, wait for the previous one, then
+    // write the rank count seen into t0.
+    k.register("ring", CoreKind::Aiv, |ctx| {
+        let c = ctx
+            .ext::<CommContext>()
+            .ok_or_else(|| KernelError::msg("no comm"))?;
+        let w = c.window(0).map_err(|e| KernelError::msg(e.to_string()))?;
+        let next = (w.rank() + 1) % w.ranks();
+        w.notify(next, 0, 1, SignalOp::Add)
+            .map_err(|e| KernelError::msg(e.to_string()))?;
+        w.wait_until(0, 1)
+            .map_err(|e| KernelError::msg(e.to_string()))?;
+        let r = w.rank() as i64;
+        let mut out = ctx.output::<i64>(0)?;
+        let n = out.len();
+        out.set(&[r as usize % n], r + 1)?;
+        Ok(())
+    })
+    .unwrap();
+    k.register("sleep", CoreKind::Aiv, |_| {
+        std::thread::sleep(Duration::from_secs(30));
+        Ok(())
+    })
+    .unwrap();
+    k
+}
+
+fn builder(chips: usize) -> WorkerBuilder {
+    Worker::builder()
+        .chips(chips)
+        .cores(1, 2)
+        .sub_workers(1)
+        .timeout(Duration::from_secs(20))
+        .window(WindowSpec::for_buffers(vec![BufferSpec::new(
+            "signal",
+            DType::U32,
+            16,
+        )]))
+        .program("add", kernels(), |o, call| {
+            let (a, b, out) = (call.tensor(0)?, call.tensor(1)?, call.tensor(2)?);
+            o.submit(
+                "add",
+                TaskArgs::new().input(a).input(b).output_existing(out),
+            )?;
+            Ok(())
+        })
+        .program("boom", kernels(), |o, _| {
+            o.submit("boom", TaskArgs::new()).map(|_| ())
+        })
+        .program("ring", kernels(), |o, call| {
+            o.submit("ring", TaskArgs::new().no_dep(call.tensor(0)?))?;
+            Ok(())
+        })
+        .program("sleep", kernels(), |o, _| {
+            o.submit("sleep", TaskArgs::new()).map(|_| ())
+        })
+        .sub("check_sum", |call| {
+            // t0 = a, t1 = b, t2 = out, t3 = verdict (1 when out == a + b).
+            let t = |i: usize| call.tensors[i].0.read::<f32>().map_err(|e| e.to_string());
+            let (a, b, out) = (t(0)?, t(1)?, t(2)?);
+            let ok = a.iter().zip(&b).zip(&out).all(|((x, y), z)| x + y == *z);
+            call.tensors[3]
+                .0
+                .write(&[i32::from(ok)])
+                .map_err(|e| e.to_string())
+        })
+        .sub("panic", |_| panic!("sub-worker failed on purpose"))
+}
+
+fn no_residue() -> Result<(), Failed> {
+    let me = std::process::id();
+    let left: Vec<_> = pto_shm::sweep::list()
+        .into_iter()
+        .filter(|s| s.name.starts_with(&format!("/pto.{me}.")))
+        .collect();
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("segments left behind: {left:?}").into())
+    }
+}
+
+fn chips_run_programs_and_a_sub_worker_checks_them() -> Result<(), Failed> {
+    let w = builder(3).init()?;
+    for i in 0..3 {
+        let f = w.chip_facts(i).unwrap();
+        assert_eq!((f.rank, f.size), (i as u32, 3));
+        assert_eq!(f.window_bytes, 64);
+        assert_eq!(f.buffer_offsets, vec![0]);
+    }
+    let n = 8;
+    let mut ts = Vec::new();
+    for c in 0..3 {
+        let a = w.tensor(&[n], DType::F32)?;
+        let b = w.tensor(&[n], DType::F32)?;
+        a.write(&(0..n).map(|i| (i + 100 * c) as f32).collect::<Vec<_>>())?;
+        b.write(&vec![0.5f32; n])?;
+        let out = w.tensor(&[n], DType::F32)?;
+        let verdict = w.tensor(&[1], DType::I32)?;
+        ts.push((a, b, out, verdict));
+    }
+    let t2 = ts.clone();
+    let report = w.run(move |h| {
+        for (c, (a, b, out, v)) in t2.iter().enumerate() {
+            h.submit_chip(
+                c,
+                "add",
+                TaskArgs::new().input(a).input(b).output_existing(out),
+            )?;
+            // Depends on the chip task through `out` (read after write).
+            h.submit_sub(
+                "check_sum",
+                TaskArgs::new()
+                    .input(a)
+                    .input(b)
+                    .input(out)
+                    .output_existing(v),
+            )?;
+        }
+        Ok(())
+    })?;
+    assert_eq!(report.stats.tasks, 6);
+    for (c, (a, b, out, v)) in ts.iter().enumerate() {
+        let want: Vec<f32> = a
+            .read::<f32>()?
+            .iter()
+            .zip(b.read::<f32>()?)
+            .map(|(x, y)| x + y)
+            .collect();
+        assert_eq!(out.read::<f32>()?, want, "chip {c}");
+        assert_eq!(v.read::<i32>()?, vec![1], "sub-worker verdict for chip {c}");
+    }
+    // A group: every chip runs the ring program at once (it would deadlock otherwise).
+    let seen = w.tensor(&[3], DType::I64)?;
+    let s2 = seen.clone();
+    w.run(move |h| {
+        h.submit_group(&[0, 1, 2], "ring", TaskArgs::new().no_dep(&s2))
+            .map(|_| ())
+    })?;
+    assert_eq!(seen.read::<i64>()?, vec![1, 2, 3]);
+    drop(ts);
+    drop(seen);
+    w.close();
+    no_residue()
+}
+
+fn a_failing_bootstrap_names_the_chip_and_leaves_nothing() -> Result<(), Failed> {
+    let t = Instant::now();
+    let r = builder(3)
+        .on_bootstrap(|rank| {
+            if rank == 1 {
+                Err("no device here".into())
+            } else {
+                Ok(())
+            }
+        })
+        .init();
+    match r {
+        Err(WorkerError::Boot { who, message }) => {
+            assert_eq!(who, "chip 1");
+            assert!(message.contains("no device here"), "{message}");
+        }
+        other => return Err(format!("expected a bootstrap error, got {other:?}").into()),
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+    no_residue()
+}
+
+fn failures_are_named_and_poison_dependents() -> Result<(), Failed> {
+    let w = builder(2).init()?;
+    let x = w.tensor(&[4], DType::F32)?;
+    let v = w.tensor(&[1], DType::I32)?;
+    let (x2, v2) = (x.clone(), v.clone());
+    let err = w
+        .run(move |h| {
+            let t = h.submit_chip(1, "boom", TaskArgs::new().output_existing(&x2))?;
+            h.submit_sub(
+                "check_sum",
+                TaskArgs::new()
+                    .input(&x2)
+                    .input(&x2)
+                    .input(&x2)
+                    .output_existing(&v2)
+                    .after(t.task),
+            )?;
+            Ok(())
+        })
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("chip 1") && msg.contains("chip kernel failed on purpose"),
+        "{msg}"
+    );
+    assert!(
+        matches!(
+            &err,
+            WorkerError::Run(pto_core::RunError::TaskFailed { poisoned: 1, .. })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        v.read::<i32>()?,
+        vec![0],
+        "the dependent sub-worker task must not run"
+    );
+    // A sub-worker panic is named too, and the Worker stays usable.
+    let err = w
+        .run(|h| h.submit_sub("panic", TaskArgs::new()).map(|_| ()))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("sub-worker 0") && err.to_string().contains("failed on purpose"),
+        "{err}"
+    );
+    let unknown = w
+        .run(|h| h.submit_chip(5, "add", TaskArgs::new()).map(|_| ()))
+        .unwrap_err();
+    assert!(
+        unknown.to_string().contains("chip 5 does not exist"),
+        "{unknown}"
+    );
+    let not_shared = pto_core::Tensor::zeros(&[4], DType::F32)?;
+    let err = w
+        .run(move |h| {
+            h.submit_chip(0, "ring", TaskArgs::new().no_dep(&not_shared))
+                .map(|_| ())
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("not in shared memory"), "{err}");
+    w.run(|_| Ok(()))?;
+    drop((x, v));
+    w.close();
+    no_residue()
+}
+
+fn a_killed_chip_is_reported_and_the_worker_says_it_is_unusable() -> Result<(), Failed> {
+    let w = builder(2).init()?;
+    let pid = w.child_pid(1).unwrap();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        pto_shm::process::kill(pid);
+    });
+    let t = Instant::now();
+    let err = w
+        .run(|h| h.submit_chip(1, "sleep", TaskArgs::new()).map(|_| ()))
+        .unwrap_err();
+    killer.join().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        err.to_string().contains("chip 1") && err.to_string().contains("died"),
+        "{err}"
+    );
+    let again = w.run(|_| Ok(())).unwrap_err();
+    assert!(matches!(again, WorkerError::Broken(_)), "{again}");
+    let t = Instant::now();
+    w.close();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    no_residue()
+}
+
+fn corrupt_frames_are_errors_not_crashes() -> Result<(), Failed> {
+    let w = builder(1).init()?;
+    let out = w.debug_send_raw(0, b"garbage!", 8)?;
+    assert_eq!(out.status, 2);
+    assert!(out.message.contains("corrupt frame"), "{}", out.message);
+    let out = w.debug_send_raw(0, b"", u32::MAX)?;
+    assert_eq!(out.status, 2);
+    assert!(out.message.contains("claims"), "{}", out.message);
+    // The chip still serves real frames.
+    let a = w.tensor(&[2], DType::F32)?;
+    let a2 = a.clone();
+    w.run(move |h| {
+        h.submit_chip(
+            0,
+            "add",
+            TaskArgs::new().input(&a2).input(&a2).output_existing(&a2),
+        )
+        .map(|_| ())
+    })
+    .map_err(|e| format!("{e}"))
+    .err()
+    .map_or(Ok::<(), Failed>(()), |e| {
+        // `add` reads and writes the same tensor: refused as overlapping arguments.
+        assert!(e.contains("overlap"), "{e}");
+        Ok(())
+    })?;
+    drop(a);
+    w.close();
+    no_residue()
+}
+
+fn init_refuses_a_threaded_process() -> Result<(), Failed> {
+    let t = std::thread::spawn(|| std::thread::sleep(Duration::from_millis(300)));
+    let r = builder(1).init();
+    t.join().unwrap();
+    match r {
+        Err(WorkerError::NotSingleThreaded { threads }) if threads >= 2 => Ok(()),
+        other => Err(format!("expected NotSingleThreaded, got {other:?}").into()),
+    }
+}
+
+/// Run as a child process: makes a Worker, prints its children's pids, and waits to be killed.
+fn parent_role() {
+    let w = builder(2).init().unwrap();
+    let pids: Vec<String> = (0..3)
+        .map(|i| w.child_pid(i).unwrap().to_string())
+        .collect();
+    println!("PIDS {}", pids.join(" "));
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+fn children_die_with_their_parent() -> Result<(), Failed> {
+    let exe = std::env::current_exe()?;
+    let mut parent = std::process::Command::new(exe)
+        .env("PTO_WORKER_TEST_ROLE", "parent")
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut out = String::new();
+    {
+        use std::io::BufRead;
+        let stdout = parent.stdout.take().unwrap();
+        let mut r = std::io::BufReader::new(stdout);
+        r.read_line(&mut out)?;
+    }
+    let pids: Vec<u32> = out
+        .trim()
+        .strip_prefix("PIDS ")
+        .ok_or("the parent printed no pids")?
+        .split(' ')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    parent.kill()?;
+    parent.wait()?;
+    let t = Instant::now();
+    let alive = |p: u32| std::path::Path::new(&format!("/proc/{p}")).exists();
+    while pids.iter().any(|&p| alive(p)) && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    if !left.is_empty() {
+        return Err(format!("children still alive 2 s after the parent died: {left:?}").into());
+    }
+    // The dead parent's segments are stale now: sweep them as `pto clean` would.
+    let _ = pto_shm::sweep::sweep_stale();
+    Ok(())
+}
+
+fn main() {
+    if std::env::var("PTO_WORKER_TEST_ROLE").as_deref() == Ok("parent") {
+        parent_role();
+        return;
+    }
+    let mut args = Arguments::from_args();
+    // Forking needs a single-threaded process: run every test on the main thread.
+    args.test_threads = Some(1);
+    let tests = vec![
+        Trial::test(
+            "chips_run_programs_and_a_sub_worker_checks_them",
+            chips_run_programs_and_a_sub_worker_checks_them,
+        ),
+        Trial::test(
+            "a_failing_bootstrap_names_the_chip_and_leaves_nothing",
+            a_failing_bootstrap_names_the_chip_and_leaves_nothing,
+        ),
+        Trial::test(
+            "failures_are_named_and_poison_dependents",
+            failures_are_named_and_poison_dependents,
+        ),
+        Trial::test(
+            "a_killed_chip_is_reported_and_the_worker_says_it_is_unusable",
+            a_killed_chip_is_reported_and_the_worker_says_it_is_unusable,
+        ),
+        Trial::test(
+            "corrupt_frames_are_errors_not_crashes",
+            corrupt_frames_are_errors_not_crashes,
+        ),
+        Trial::test(
+            "init_refuses_a_threaded_process",
+            init_refuses_a_threaded_process,
+        ),
+        Trial::test(
+            "children_die_with_their_parent",
+            children_die_with_their_parent,
+        ),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}
