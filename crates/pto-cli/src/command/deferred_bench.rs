@@ -10,8 +10,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use pto::prelude::*;
 use pto::core::{Completion, Counter, HeapQueue};
+use pto::prelude::*;
 use pto_shm::process::monotonic_ns;
 use serde_json::json;
 
@@ -47,7 +47,11 @@ fn condition_latency(pairs: usize, threads: usize) -> anyhow::Result<Vec<f64>> {
         ctx.output::<i32>(1)?.fill(1);
         Ok(())
     })?;
-    let chip = Chip::builder().aic_cores(1).aiv_cores(2).threads(threads).build()?;
+    let chip = Chip::builder()
+        .aic_cores(1)
+        .aiv_cores(2)
+        .threads(threads)
+        .build()?;
     let (c2, set2, st2) = (counters.clone(), set_at.clone(), started.clone());
     let releaser = std::thread::spawn(move || {
         for i in 0..pairs {
@@ -71,13 +75,19 @@ fn condition_latency(pairs: usize, threads: usize) -> anyhow::Result<Vec<f64>> {
             let tok = o
                 .submit(
                     "wait",
-                    TaskArgs::new().output(&[1], DType::I32).scalar(i as u64).deferred(),
+                    TaskArgs::new()
+                        .output(&[1], DType::I32)
+                        .scalar(i as u64)
+                        .deferred(),
                 )?
                 .out(0)?;
             let done = o
                 .submit(
                     "consume",
-                    TaskArgs::new().input(&tok).output(&[1], DType::I32).scalar(i as u64),
+                    TaskArgs::new()
+                        .input(&tok)
+                        .output(&[1], DType::I32)
+                        .scalar(i as u64),
                 )?
                 .out(0)?;
             if let Some(p) = prev.replace(done) {
@@ -91,7 +101,10 @@ fn condition_latency(pairs: usize, threads: usize) -> anyhow::Result<Vec<f64>> {
     }
     Ok((0..pairs)
         .map(|i| {
-            let (a, b) = (set_at[i].load(Ordering::Acquire), started[i].load(Ordering::Acquire));
+            let (a, b) = (
+                set_at[i].load(Ordering::Acquire),
+                started[i].load(Ordering::Acquire),
+            );
             b.saturating_sub(a) as f64 / 1e3
         })
         .collect())
@@ -131,7 +144,14 @@ fn queue_throughput(n: u64) -> f64 {
     let t = Instant::now();
     let producer = std::thread::spawn(move || {
         for i in 0..n {
-            while q2.queue().post(Completion { token: i, status: 0 }).is_err() {
+            while q2
+                .queue()
+                .post(Completion {
+                    token: i,
+                    status: 0,
+                })
+                .is_err()
+            {
                 std::hint::spin_loop();
             }
         }
@@ -166,7 +186,11 @@ fn mutex_throughput(n: u64) -> f64 {
     });
     let mut got = 0;
     while got < n {
-        if q.lock().unwrap_or_else(|e| e.into_inner()).pop_front().is_some() {
+        if q.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+            .is_some()
+        {
             got += 1;
         }
     }
@@ -185,7 +209,11 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     let cv_med = median(cv);
     let n = 10_000_000u64;
     let q = median((0..a.reps.max(1)).map(|_| queue_throughput(n)).collect());
-    let m = median((0..a.reps.max(1)).map(|_| mutex_throughput(n / 4)).collect());
+    let m = median(
+        (0..a.reps.max(1))
+            .map(|_| mutex_throughput(n / 4))
+            .collect(),
+    );
     let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
     let lines = [
         json!({"bench": "deferred_latency", "pairs": pairs, "threads": threads,
@@ -198,7 +226,12 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         if a.json {
             println!("{l}");
         } else {
-            println!("{}", l.to_string().replace(['{', '}', '"'], "").replace(',', "  "));
+            println!(
+                "{}",
+                l.to_string()
+                    .replace(['{', '}', '"'], "")
+                    .replace(',', "  ")
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
