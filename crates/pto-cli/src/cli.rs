@@ -108,4 +108,6 @@ pub enum BenchKind {
     Comm,
     /// Deferred completion: condition-to-consumer latency and completion-queue throughput.
     Deferred,
+    /// The host Worker: init with 4 chips, and the round trip of an empty chip task.
+    Worker,
 }

@@ -216,6 +216,15 @@ pub fn run(
     n: usize,
     command: &dyn Fn(usize) -> Command,
 ) -> Result<Outcome, ExampleError> {
+    if let Some(w) = ex.worker {
+        if args.backend != Backend::Shm {
+            return Err(ExampleError::Args(format!(
+                "{} runs its chips as processes: use --backend shm",
+                ex.name
+            )));
+        }
+        return w(args, n);
+    }
     match (ex.ranks, args.backend) {
         (None, _) => {
             if n != 1 {

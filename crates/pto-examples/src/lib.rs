@@ -23,6 +23,7 @@ use serde_json::Value;
 mod chip;
 pub mod dist;
 mod notify;
+mod worker_examples;
 
 pub use dist::{RankFn, RankOutcome};
 
@@ -99,6 +100,9 @@ pub struct Example {
     pub run: fn(&RunArgs) -> Result<Outcome, ExampleError>,
     /// The rank body, for distributed examples (run through [`dist::run`]).
     pub ranks: Option<RankFn>,
+    /// The whole example through a host Worker with this many chips (run in a
+    /// single-threaded process: the Worker forks).
+    pub worker: Option<fn(&RunArgs, usize) -> Result<Outcome, ExampleError>>,
 }
 
 /// Every example.
@@ -108,24 +112,35 @@ pub const EXAMPLES: &[Example] = &[
         about: "one chip: c = a + b (SPMD), d = 0.5 c, s = sum(d); golden computed in Rust",
         run: chip::vector_pipeline,
         ranks: None,
+        worker: None,
     },
     Example {
         name: "ffn_chip",
         about: "one chip: y = relu(x w1) w2 with SPMD matmuls on AIC and relu on AIV; checked against a sequential reference",
         run: chip::ffn_chip,
         ranks: None,
+        worker: None,
     },
     Example {
         name: "deferred_notify",
         about: "rank r writes partial[r] = r + 1 into rank r+1's mailbox and notifies it; a deferred wait gates the consumer: result[r] = partial[r-1]",
         run: dist::needs_ranks,
         ranks: Some(notify::deferred_notify),
+        worker: None,
     },
     Example {
         name: "async_notify",
         about: "producer out = 2 in, then notify the next rank; a deferred wait; consumer result = out + 1",
         run: dist::needs_ranks,
         ranks: Some(notify::async_notify),
+        worker: None,
+    },
+    Example {
+        name: "multi_chip_dispatch",
+        about: "through the host Worker: every chip runs vector_add on its own inputs and a sub-worker checks out = a + b",
+        run: dist::needs_ranks,
+        ranks: None,
+        worker: Some(worker_examples::multi_chip_dispatch),
     },
 ];
 

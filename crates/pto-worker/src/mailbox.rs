@@ -291,10 +291,11 @@ impl Mailbox {
             if self.w32(260).load(Ordering::Acquire) != 0 {
                 return Ok(None);
             }
+            let shutdown = self.w32(260);
             let r = wait_until(
                 self.w32(256),
                 self.w32(264),
-                |v| v == TASK,
+                |v| v == TASK || shutdown.load(Ordering::Acquire) != 0,
                 Instant::now() + Duration::from_millis(200),
                 || Ok::<(), ()>(()),
             );

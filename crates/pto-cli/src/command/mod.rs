@@ -5,6 +5,7 @@ mod clean;
 mod comm_bench;
 mod deferred_bench;
 mod run;
+mod worker_bench;
 
 use std::process::ExitCode;
 

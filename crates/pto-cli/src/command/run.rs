@@ -54,7 +54,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
         std::fs::write(path, doc.to_string())
             .with_context(|| format!("writing the trace to {}", path.display()))?;
     }
-    let backend_name = if ex.ranks.is_some() {
+    let backend_name = if ex.ranks.is_some() || ex.worker.is_some() {
         backend.name()
     } else {
         "local"

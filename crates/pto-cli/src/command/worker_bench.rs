@@ -1,0 +1,96 @@
+//! `pto bench worker`: Worker init to ready with 4 chips, and the host-level round trip of an
+//! empty chip task; the baseline, measured the same way in the same run, is a host run of one
+//! dependency-only task (the host DAG without any child).
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use pto::prelude::*;
+use pto_worker::Worker;
+use serde_json::json;
+
+use crate::cli::BenchArgs;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
+    let reps = a.reps.max(1);
+    let mut inits = Vec::new();
+    // Init with 4 chips (each joins the shm world and brings a chip up), then close.
+    for _ in 0..reps {
+        let t = Instant::now();
+        let w = Worker::builder()
+            .chips(4)
+            .cores(1, 2)
+            .program("empty", KernelRegistry::new(), |_, _| Ok(()))
+            .init()?;
+        inits.push(t.elapsed().as_secs_f64() * 1e3);
+        let _ = w.init_time();
+        w.close();
+    }
+    let w = Worker::builder()
+        .chips(4)
+        .cores(1, 2)
+        .program("empty", KernelRegistry::new(), |_, _| Ok(()))
+        .init()?;
+    let runs = a.tasks.clamp(100, 20_000);
+    let time_runs = |f: &dyn Fn() -> anyhow::Result<()>| -> anyhow::Result<f64> {
+        for _ in 0..50 {
+            f()?;
+        }
+        let mut v = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let t = Instant::now();
+            f()?;
+            v.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok(median(v))
+    };
+    let chip_us = time_runs(&|| {
+        w.run(|h| h.submit_chip(0, "empty", TaskArgs::new()).map(|_| ()))?;
+        Ok(())
+    })?;
+    let host_only_us = time_runs(&|| {
+        w.run(|h| h.orch().submit_dummy(TaskArgs::new()).map(|_| ()))?;
+        Ok(())
+    })?;
+    // Many chip tasks in one host run, chained through a shared tensor: per-task cost.
+    let token = w.tensor(&[1], DType::I32)?;
+    let t = Instant::now();
+    let n = runs;
+    w.run(move |h| {
+        for i in 0..n {
+            h.submit_chip(
+                i % 4,
+                "empty",
+                TaskArgs::new().no_dep(&token).after_all(None),
+            )?;
+        }
+        Ok(())
+    })?;
+    let per_task_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    w.close();
+    let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
+    let lines = [
+        json!({"bench": "worker_init", "chips": 4, "ms": r3(median(inits))}),
+        json!({"bench": "worker_chip_roundtrip", "chips": 4, "median_us": r3(chip_us),
+               "host_dummy_run_median_us": r3(host_only_us), "ratio_vs_host_only": r3(chip_us / host_only_us)}),
+        json!({"bench": "worker_chip_tasks", "tasks": n, "us_per_task": r3(per_task_us)}),
+    ];
+    for l in lines {
+        if a.json {
+            println!("{l}");
+        } else {
+            println!(
+                "{}",
+                l.to_string()
+                    .replace(['{', '}', '"'], "")
+                    .replace(',', "  ")
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
