@@ -11,7 +11,18 @@ use pto_core::{Chip, Program, RunOptions, Scalar, Tensor};
 use crate::frame::{Frame, FrameKind, Outcome, TensorDesc};
 use crate::mailbox::{BootFacts, Mailbox, RESULT_CAP};
 use crate::shared::SegmentCache;
-use crate::{ChipCall, Spec, SubCall};
+use crate::{ChipCall, Spec, SubCall, Worker};
+
+/// What a child process is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Chip `i`.
+    Chip(usize),
+    /// A sub-worker.
+    Sub,
+    /// Child Worker `i` (L4).
+    Worker(usize),
+}
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
@@ -43,7 +54,13 @@ struct ChipState {
     ctx: Option<CommContext>,
 }
 
-fn serve(spec: &Spec, chip: Option<&ChipState>, cache: &SegmentCache, bytes: &[u8]) -> Outcome {
+fn serve(
+    spec: &Spec,
+    chip: Option<&ChipState>,
+    inner: Option<&Worker>,
+    cache: &SegmentCache,
+    bytes: &[u8],
+) -> Outcome {
     let fail = |status: u32, message: String| Outcome {
         status,
         tasks: 0,
@@ -88,7 +105,29 @@ fn serve(spec: &Spec, chip: Option<&ChipState>, cache: &SegmentCache, bytes: &[u
                 Err(e) => fail(1, e.to_string()),
             }
         }
-        (FrameKind::Sub, None) => {
+        (FrameKind::Worker, _) if inner.is_some() => {
+            let Some(w) = inner else {
+                return fail(2, "not a child worker".into());
+            };
+            let Some((_, func)) = spec.worker_fns.get(f.index as usize) else {
+                return fail(2, format!("no child-worker closure {}", f.index));
+            };
+            let call = SubCall {
+                tensors,
+                scalars: scalars(&f),
+            };
+            match catch_unwind(AssertUnwindSafe(|| func(w, &call))) {
+                Ok(Ok(())) => Outcome {
+                    status: 0,
+                    tasks: 1,
+                    message: String::new(),
+                    trace: String::new(),
+                },
+                Ok(Err(m)) => fail(1, m),
+                Err(p) => fail(1, format!("panicked: {}", panic_text(&*p))),
+            }
+        }
+        (FrameKind::Sub, None) if inner.is_none() => {
             let Some((_, func)) = spec.subs_fns.get(f.index as usize) else {
                 return fail(2, format!("no sub-worker function {}", f.index));
             };
@@ -187,13 +226,14 @@ pub(crate) fn child_main(
     spec: &Spec,
     world: Option<&ShmWorld>,
     mailbox: &Mailbox,
-    chip: Option<usize>,
+    role: Role,
     parent: u32,
 ) -> ! {
     let _ = pto_shm::process::die_with_parent(parent);
     let cache = SegmentCache::default();
-    let state = match chip {
-        Some(i) => match bring_up(spec, world, i) {
+    let mut inner = None;
+    let state = match role {
+        Role::Chip(i) => match bring_up(spec, world, i) {
             Ok((s, facts)) => {
                 mailbox.boot_success(&facts);
                 Some(s)
@@ -203,15 +243,33 @@ pub(crate) fn child_main(
                 pto_shm::process::exit_now(3);
             }
         },
-        None => {
+        Role::Sub => {
             mailbox.boot_success(&BootFacts::default());
+            None
+        }
+        Role::Worker(i) => {
+            // This process is a fresh fork: single-threaded, so it may fork its own children.
+            let Some(factory) = spec.workers.get(i) else {
+                mailbox.boot_error(1, &format!("child worker {i}: no factory"));
+                pto_shm::process::exit_now(3);
+            };
+            match factory().init() {
+                Ok(w) => {
+                    inner = Some(w);
+                    mailbox.boot_success(&BootFacts::default());
+                }
+                Err(e) => {
+                    mailbox.boot_error(1, &format!("child worker {i}: {e}"));
+                    pto_shm::process::exit_now(3);
+                }
+            }
             None
         }
     };
     loop {
         match mailbox.next_frame(parent) {
             Ok(Some((ident, Ok(bytes)))) => {
-                let out = serve(spec, state.as_ref(), &cache, &bytes);
+                let out = serve(spec, state.as_ref(), inner.as_ref(), &cache, &bytes);
                 mailbox.reply(ident, &out.encode(RESULT_CAP));
             }
             Ok(Some((ident, Err(e)))) => {
@@ -227,6 +285,8 @@ pub(crate) fn child_main(
         }
     }
     drop(state);
+    // A child Worker shuts its own children down and removes its segments.
+    drop(inner);
     drop(cache);
     pto_shm::process::exit_now(0)
 }

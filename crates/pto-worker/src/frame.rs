@@ -14,6 +14,8 @@ pub enum FrameKind {
     Chip = 0,
     /// A sub-worker closure (by index).
     Sub = 1,
+    /// A closure run on a child Worker (L4), by index.
+    Worker = 2,
 }
 
 /// A tensor argument: a view of a shared-memory segment.
@@ -222,6 +224,7 @@ impl Frame {
         let kind = match r.u8()? {
             0 => FrameKind::Chip,
             1 => FrameKind::Sub,
+            2 => FrameKind::Worker,
             k => return Err(r.err(format!("unknown frame kind {k}"))),
         };
         let trace = r.u8()? != 0;

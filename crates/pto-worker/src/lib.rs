@@ -145,6 +145,9 @@ pub type ChipFn = dyn Fn(&mut Orch<'_>, &ChipCall) -> Result<(), OrchError> + Se
 /// A sub-worker closure.
 pub type SubFn = dyn Fn(&SubCall) -> Result<(), String> + Send + Sync;
 type BootHook = dyn Fn(usize) -> Result<(), String> + Send + Sync;
+/// A closure run on a child Worker (L4): it gets the child's own Worker.
+pub type WorkerFn = dyn Fn(&Worker, &SubCall) -> Result<(), String> + Send + Sync;
+type WorkerFactory = dyn Fn() -> WorkerBuilder + Send + Sync;
 
 /// Everything a child needs; built before the fork, so children have it too.
 pub(crate) struct Spec {
@@ -157,6 +160,9 @@ pub(crate) struct Spec {
     subs_fns: Vec<(String, Arc<SubFn>)>,
     boot_hook: Option<Arc<BootHook>>,
     timeout: Duration,
+    /// Child Workers (L4): how to build each.
+    workers: Vec<Arc<WorkerFactory>>,
+    worker_fns: Vec<(String, Arc<WorkerFn>)>,
 }
 
 /// Builds a [`Worker`].
@@ -193,6 +199,8 @@ impl WorkerBuilder {
                 subs_fns: Vec::new(),
                 boot_hook: None,
                 timeout: pto_core::config::Settings::from_env().wait_timeout,
+                workers: Vec::new(),
+                worker_fns: Vec::new(),
             },
         }
     }
@@ -253,6 +261,25 @@ impl WorkerBuilder {
         self
     }
 
+    /// Adds a child Worker (L4): a process that builds its own Worker with `factory` (forking
+    /// its own chips) and runs the closures registered with [`WorkerBuilder::worker_fn`].
+    pub fn child_worker<F>(mut self, factory: F) -> Self
+    where
+        F: Fn() -> WorkerBuilder + Send + Sync + 'static,
+    {
+        self.spec.workers.push(Arc::new(factory));
+        self
+    }
+
+    /// Registers a closure that child Workers run ([`HostOrch::submit_worker`]).
+    pub fn worker_fn<F>(mut self, name: &str, f: F) -> Self
+    where
+        F: Fn(&Worker, &SubCall) -> Result<(), String> + Send + Sync + 'static,
+    {
+        self.spec.worker_fns.push((name.to_string(), Arc::new(f)));
+        self
+    }
+
     /// A hook each chip runs during bring-up, with its rank (for example to load data); an
     /// error fails the bring-up with that message.
     pub fn on_bootstrap<F>(mut self, f: F) -> Self
@@ -288,7 +315,7 @@ impl WorkerBuilder {
         } else {
             None
         };
-        let total = spec.chips + spec.subs;
+        let total = spec.chips + spec.subs + spec.workers.len();
         let mut boxes = Vec::with_capacity(total);
         for i in 0..total {
             boxes.push(Mailbox::create(&format!("mb{i}"))?);
@@ -298,17 +325,24 @@ impl WorkerBuilder {
         let mut boxes = boxes.into_iter();
         for i in 0..total {
             let Some(mb) = boxes.next() else { break };
-            let chip = (i < spec.chips).then_some(i);
+            let role = if i < spec.chips {
+                child::Role::Chip(i)
+            } else if i < spec.chips + spec.subs {
+                child::Role::Sub
+            } else {
+                child::Role::Worker(i - spec.chips - spec.subs)
+            };
             // SAFETY: checked above that this process is single-threaded, and no thread has
             // been started since; the child runs `child_main`, which never returns.
             #[allow(unsafe_code)]
             let forked = unsafe { pto_shm::process::fork() };
             match forked {
-                Ok(Forked::Child) => child::child_main(&spec, world.as_ref(), &mb, chip, parent),
+                Ok(Forked::Child) => child::child_main(&spec, world.as_ref(), &mb, role, parent),
                 Ok(Forked::Parent(pid)) => children.push(ChildHandle {
-                    who: match chip {
-                        Some(c) => format!("chip {c}"),
-                        None => format!("sub-worker {}", i - spec.chips),
+                    who: match role {
+                        child::Role::Chip(c) => format!("chip {c}"),
+                        child::Role::Sub => format!("sub-worker {}", i - spec.chips),
+                        child::Role::Worker(w) => format!("child worker {w}"),
                     },
                     pid,
                     mailbox: mb,
@@ -382,6 +416,7 @@ impl WorkerBuilder {
         let state = Arc::new(HostState {
             children,
             chips: spec.chips,
+            subs: spec.subs,
             timeout: spec.timeout,
             run: AtomicU64::new(0),
             broken: Mutex::new(None),
@@ -452,6 +487,7 @@ fn reap_all(children: &[ChildHandle], grace: Duration) {
 struct HostState {
     children: Vec<ChildHandle>,
     chips: usize,
+    subs: usize,
     timeout: Duration,
     run: AtomicU64,
     broken: Mutex<Option<String>>,
@@ -639,7 +675,7 @@ fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> {
             trace: false,
         }
         .encode();
-        let subs: Vec<usize> = (st.chips..st.children.len()).collect();
+        let subs: Vec<usize> = (st.chips..st.chips + st.subs).collect();
         if subs.is_empty() {
             return Err(KernelError::msg("the Worker has no sub-workers"));
         }
@@ -652,6 +688,28 @@ fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> {
         check(
             st.send(pick, ctx.task().get(), &frame),
             &st.children[pick].who,
+            ctx,
+        )
+    })?;
+    // Routing scalars: [.., function, child worker].
+    k.register("worker", CoreKind::Aiv, |ctx| {
+        let st = host(ctx)?;
+        let (scalars, route) = split_scalars(ctx, 2)?;
+        let child = st.chips + st.subs + route[1] as usize;
+        if child >= st.children.len() {
+            return Err(KernelError::msg(format!("no child worker {}", route[1])));
+        }
+        let frame = Frame {
+            kind: FrameKind::Worker,
+            index: route[0] as u32,
+            tensors: descs(ctx)?,
+            scalars,
+            trace: false,
+        }
+        .encode();
+        check(
+            st.send(child, ctx.task().get(), &frame),
+            &st.children[child].who,
             ctx,
         )
     })?;
@@ -773,6 +831,33 @@ impl<'a> HostOrch<'_, 'a> {
             .position(|s| s.0 == name)
             .ok_or_else(|| OrchError::msg(format!("no sub-worker closure named {name:?}")))?;
         self.orch.submit("sub", args.scalar(f as u64))
+    }
+
+    /// Runs closure `name` on child Worker `w` (L4).
+    ///
+    /// # Errors
+    ///
+    /// An unknown closure or child Worker, or the errors of [`Orch::submit`].
+    pub fn submit_worker(
+        &mut self,
+        w: usize,
+        name: &str,
+        args: TaskArgs,
+    ) -> Result<Submitted, OrchError> {
+        if w >= self.spec.workers.len() {
+            return Err(OrchError::msg(format!(
+                "child worker {w} does not exist (there are {})",
+                self.spec.workers.len()
+            )));
+        }
+        let f = self
+            .spec
+            .worker_fns
+            .iter()
+            .position(|s| s.0 == name)
+            .ok_or_else(|| OrchError::msg(format!("no child-worker closure named {name:?}")))?;
+        self.orch
+            .submit("worker", args.scalar(f as u64).scalar(w as u64))
     }
 
     /// The underlying orchestration (scopes, reads, dummy tasks).

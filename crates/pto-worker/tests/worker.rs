@@ -332,6 +332,79 @@ fn init_refuses_a_threaded_process() -> Result<(), Failed> {
     }
 }
 
+fn a_worker_can_have_workers_as_children() -> Result<(), Failed> {
+    // The top Worker has no chips of its own to speak of, and one child Worker with 2 chips.
+    let top = Worker::builder()
+        .chips(1)
+        .cores(1, 1)
+        .no_comm()
+        .timeout(Duration::from_secs(20))
+        .child_worker(|| builder(2))
+        .worker_fn("add_on_inner_chips", |inner, call| {
+            // t0 = a, t1 = b, t2 = out (each [2, n]): inner chip c adds row c.
+            let (a, b, out) = (&call.tensors[0].0, &call.tensors[1].0, &call.tensors[2].0);
+            let rows: Vec<_> = (0..2)
+                .map(|c| {
+                    let n = a.shape()[1];
+                    let v = |t: &pto_core::Tensor| {
+                        t.view(&[1, n], &[c, 0]).and_then(|r| r.reshape(&[n]))
+                    };
+                    Ok::<_, String>((
+                        v(a).map_err(|e| e.to_string())?,
+                        v(b).map_err(|e| e.to_string())?,
+                        v(out).map_err(|e| e.to_string())?,
+                    ))
+                })
+                .collect::<Result<_, _>>()?;
+            inner
+                .run(move |h| {
+                    for (c, (a, b, o)) in rows.iter().enumerate() {
+                        h.submit_chip(
+                            c,
+                            "add",
+                            TaskArgs::new().input(a).input(b).output_existing(o),
+                        )?;
+                    }
+                    Ok(())
+                })
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .init()?;
+    let n = 5;
+    let a = top.tensor(&[2, n], DType::F32)?;
+    let b = top.tensor(&[2, n], DType::F32)?;
+    let out = top.tensor(&[2, n], DType::F32)?;
+    a.write(&(0..2 * n).map(|i| i as f32).collect::<Vec<_>>())?;
+    b.write(&vec![10.0f32; 2 * n])?;
+    let (a2, b2, o2) = (a.clone(), b.clone(), out.clone());
+    top.run(move |h| {
+        h.submit_worker(
+            0,
+            "add_on_inner_chips",
+            TaskArgs::new().input(&a2).input(&b2).output_existing(&o2),
+        )
+        .map(|_| ())
+    })?;
+    assert_eq!(
+        out.read::<f32>()?,
+        (0..2 * n).map(|i| i as f32 + 10.0).collect::<Vec<_>>()
+    );
+    let err = top
+        .run(|h| {
+            h.submit_worker(3, "add_on_inner_chips", TaskArgs::new())
+                .map(|_| ())
+        })
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("child worker 3 does not exist"),
+        "{err}"
+    );
+    drop((a, b, out));
+    top.close();
+    no_residue()
+}
+
 /// Run as a child process: makes a Worker, prints its children's pids, and waits to be killed.
 fn parent_role() {
     let w = builder(2).init().unwrap();
@@ -414,6 +487,10 @@ fn main() {
         Trial::test(
             "children_die_with_their_parent",
             children_die_with_their_parent,
+        ),
+        Trial::test(
+            "a_worker_can_have_workers_as_children",
+            a_worker_can_have_workers_as_children,
         ),
     ];
     libtest_mimic::run(&args, tests).exit();
