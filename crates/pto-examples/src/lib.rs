@@ -89,6 +89,9 @@ pub struct Outcome {
     pub events: Vec<Value>,
 }
 
+/// A whole example run through a host Worker with the given number of chips.
+pub type WorkerExampleFn = fn(&RunArgs, usize) -> Result<Outcome, ExampleError>;
+
 /// One example.
 #[derive(Clone, Copy, Debug)]
 pub struct Example {
@@ -102,7 +105,7 @@ pub struct Example {
     pub ranks: Option<RankFn>,
     /// The whole example through a host Worker with this many chips (run in a
     /// single-threaded process: the Worker forks).
-    pub worker: Option<fn(&RunArgs, usize) -> Result<Outcome, ExampleError>>,
+    pub worker: Option<WorkerExampleFn>,
 }
 
 /// Every example.

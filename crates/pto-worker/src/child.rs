@@ -52,6 +52,36 @@ struct ChipState {
     rank: usize,
     size: usize,
     ctx: Option<CommContext>,
+    /// Host staging: (offset in the window, bytes, host tensor).
+    staged: Vec<(usize, usize, Tensor)>,
+}
+
+impl ChipState {
+    /// Stores every staged window buffer back into its host tensor.
+    fn store_back(&self) -> Result<(), String> {
+        let Some(w) = self.ctx.as_ref().and_then(|c| c.window(0).ok()) else {
+            return Ok(());
+        };
+        for (off, bytes, host) in &self.staged {
+            let mut data = vec![0u8; *bytes];
+            w.get(w.rank(), *off, &mut data)
+                .map_err(|e| e.to_string())?;
+            write_bytes(host, &data)?;
+        }
+        Ok(())
+    }
+}
+
+fn write_bytes(t: &Tensor, data: &[u8]) -> Result<(), String> {
+    // Staged tensors are contiguous (checked at init): view them as bytes.
+    let bytes = Tensor::new(
+        t.buffer().clone(),
+        pto_core::DType::U8,
+        &[data.len()],
+        t.region().offset() * t.dtype().size(),
+    )
+    .map_err(|e| e.to_string())?;
+    bytes.write(data).map_err(|e| e.to_string())
 }
 
 fn serve(
@@ -92,7 +122,12 @@ fn serve(
             });
             let orch = orch.clone();
             let program = Program::new(name, kernels.clone(), move |o| orch(o, &call));
-            match cs.chip.run_with(&program, RunOptions { trace: f.trace }) {
+            match cs
+                .chip
+                .run_with(&program, RunOptions { trace: f.trace })
+                .map_err(|e| e.to_string())
+                .and_then(|r| cs.store_back().map(|()| r))
+            {
                 Ok(r) => Outcome {
                     status: 0,
                     tasks: r.stats.tasks,
@@ -102,7 +137,7 @@ fn serve(
                         .map(|t| serde_like(&t.chrome_events()))
                         .unwrap_or_default(),
                 },
-                Err(e) => fail(1, e.to_string()),
+                Err(e) => fail(1, e),
             }
         }
         (FrameKind::Worker, _) if inner.is_some() => {
@@ -158,6 +193,7 @@ fn bring_up(
     spec: &Spec,
     world: Option<&ShmWorld>,
     index: usize,
+    cache: &SegmentCache,
 ) -> Result<(ChipState, BootFacts), String> {
     let n = spec.chips;
     let (ctx, window, facts) = match world {
@@ -201,6 +237,20 @@ fn bring_up(
             )
         }
     };
+    // Host staging: load each staged buffer from its host tensor.
+    let mut staged = Vec::new();
+    if let Some(w) = &window {
+        for (name, descs) in &spec.staging {
+            let b = w.buffer(name).map_err(|e| e.to_string())?;
+            let (host, _) = tensor(cache, &descs[index])?;
+            let bytes = host.read_bytes().map_err(|e| e.to_string())?;
+            w.put(w.rank(), b.offset, &bytes)
+                .map_err(|e| e.to_string())?;
+            staged.push((b.offset, b.bytes, host));
+        }
+        // Every chip loaded its buffers before any runs a task that may read a peer's.
+        w.barrier().map_err(|e| e.to_string())?;
+    }
     drop(window);
     let mut b = Chip::builder()
         .chip_id(index as u32)
@@ -216,6 +266,7 @@ fn bring_up(
             rank: index,
             size: n,
             ctx,
+            staged,
         },
         facts,
     ))
@@ -233,7 +284,7 @@ pub(crate) fn child_main(
     let cache = SegmentCache::default();
     let mut inner = None;
     let state = match role {
-        Role::Chip(i) => match bring_up(spec, world, i) {
+        Role::Chip(i) => match bring_up(spec, world, i, &cache) {
             Ok((s, facts)) => {
                 mailbox.boot_success(&facts);
                 Some(s)

@@ -163,6 +163,8 @@ pub(crate) struct Spec {
     /// Child Workers (L4): how to build each.
     workers: Vec<Arc<WorkerFactory>>,
     worker_fns: Vec<(String, Arc<WorkerFn>)>,
+    /// Host staging: window buffer name and one host tensor per chip.
+    staging: Vec<(String, Vec<TensorDesc>)>,
 }
 
 /// Builds a [`Worker`].
@@ -201,6 +203,7 @@ impl WorkerBuilder {
                 timeout: pto_core::config::Settings::from_env().wait_timeout,
                 workers: Vec::new(),
                 worker_fns: Vec::new(),
+                staging: Vec::new(),
             },
         }
     }
@@ -261,6 +264,39 @@ impl WorkerBuilder {
         self
     }
 
+    /// Host staging: chip `c` loads window buffer `buffer` from `host[c]` at bring-up and stores
+    /// it back into `host[c]` after each of its tasks that succeeds. The host tensors must be in
+    /// shared memory ([`shared_tensor`]), contiguous, and exactly the buffer's size.
+    ///
+    /// # Errors
+    ///
+    /// Checked at [`WorkerBuilder::init`]: a tensor not in shared memory, not contiguous, of the
+    /// wrong size, a count other than the number of chips, or no such buffer.
+    pub fn stage(mut self, buffer: &str, host: &[Tensor]) -> Self {
+        let descs = host
+            .iter()
+            .map(|t| {
+                let (name, off) = t.buffer().shared_at().unwrap_or(("", 0));
+                TensorDesc {
+                    segment: if t.is_contiguous() {
+                        name.to_string()
+                    } else {
+                        String::new()
+                    },
+                    buffer_offset: off as u64,
+                    buffer_len: t.buffer().len() as u64,
+                    offset: t.region().offset() as u64,
+                    dtype: t.dtype(),
+                    mode: pto_core::ArgMode::InOut,
+                    shape: t.shape().iter().map(|&v| v as u64).collect(),
+                    strides: t.strides().iter().map(|&v| v as u64).collect(),
+                }
+            })
+            .collect();
+        self.spec.staging.push((buffer.to_string(), descs));
+        self
+    }
+
     /// Adds a child Worker (L4): a process that builds its own Worker with `factory` (forking
     /// its own chips) and runs the closures registered with [`WorkerBuilder::worker_fn`].
     pub fn child_worker<F>(mut self, factory: F) -> Self
@@ -304,6 +340,31 @@ impl WorkerBuilder {
                 pto_comm::MAX_RANKS,
                 spec.chips
             )));
+        }
+        for (buf, descs) in &spec.staging {
+            let b = spec
+                .window
+                .as_ref()
+                .and_then(|w| w.buffers.iter().find(|b| &b.name == buf))
+                .ok_or_else(|| {
+                    WorkerError::Args(format!("staging: the window has no buffer {buf:?}"))
+                })?;
+            if descs.len() != spec.chips {
+                return Err(WorkerError::Args(format!(
+                    "staging {buf:?}: {} host tensors for {} chips",
+                    descs.len(),
+                    spec.chips
+                )));
+            }
+            for (c, d) in descs.iter().enumerate() {
+                let bytes = d.shape.iter().product::<u64>() * d.dtype.size() as u64;
+                if d.segment.is_empty() || bytes != b.bytes as u64 {
+                    return Err(WorkerError::Args(format!(
+                        "staging {buf:?} for chip {c}: the host tensor must be contiguous, in shared memory, and {} bytes (it has {bytes})",
+                        b.bytes
+                    )));
+                }
+            }
         }
         let threads = pto_shm::process::thread_count();
         if threads > 1 {
@@ -550,11 +611,14 @@ fn descs(ctx: &KernelCtx<'_>) -> Result<Vec<TensorDesc>, KernelError> {
         .collect()
 }
 
+/// The user's scalars (bits and dtype) and the routing scalars.
+type SplitScalars = (Vec<(u64, DType)>, Vec<u64>);
+
 /// Splits the routing scalars (the last `k`) from the user's.
 fn split_scalars(
     ctx: &KernelCtx<'_>,
     k: usize,
-) -> Result<(Vec<(u64, DType)>, Vec<u64>), KernelError> {
+) -> Result<SplitScalars, KernelError> {
     let all = ctx.scalars();
     if all.len() < k {
         return Err(KernelError::msg("missing routing scalars"));
@@ -886,6 +950,18 @@ impl fmt::Debug for Worker {
     }
 }
 
+/// A zeroed tensor in shared memory, usable before a Worker exists (for example for
+/// [`WorkerBuilder::stage`]).
+///
+/// # Errors
+///
+/// A bad shape or no space in `/dev/shm`.
+pub fn shared_tensor(shape: &[usize], dtype: DType) -> Result<Tensor, WorkerError> {
+    let n: usize = shape.iter().product::<usize>() * dtype.size();
+    let buf = shared::shared_buffer(n).map_err(|e| WorkerError::Args(e.to_string()))?;
+    Tensor::new(buf, dtype, shape, 0).map_err(|e| WorkerError::Args(e.to_string()))
+}
+
 /// What a successful run did.
 #[derive(Debug)]
 pub struct WorkerReport {
@@ -912,14 +988,13 @@ impl Worker {
     }
 
     /// A zeroed host tensor in shared memory (children see it without copies).
+    /// Same as [`shared_tensor`].
     ///
     /// # Errors
     ///
     /// A bad shape or no space in `/dev/shm`.
     pub fn tensor(&self, shape: &[usize], dtype: DType) -> Result<Tensor, WorkerError> {
-        let n: usize = shape.iter().product::<usize>() * dtype.size();
-        let buf = shared::shared_buffer(n).map_err(|e| WorkerError::Args(e.to_string()))?;
-        Tensor::new(buf, dtype, shape, 0).map_err(|e| WorkerError::Args(e.to_string()))
+        shared_tensor(shape, dtype)
     }
 
     fn usable(&self) -> Result<(), WorkerError> {

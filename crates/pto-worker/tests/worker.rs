@@ -43,6 +43,11 @@ fn kernels() -> KernelRegistry {
         Ok(())
     })
     .unwrap();
+    k.register("bump_u32", CoreKind::Aiv, |ctx| {
+        ctx.output::<u32>(0)?.for_each_mut(|x| *x += 1);
+        Ok(())
+    })
+    .unwrap();
     k.register("sleep", CoreKind::Aiv, |_| {
         std::thread::sleep(Duration::from_secs(30));
         Ok(())
@@ -79,6 +84,17 @@ fn builder(chips: usize) -> WorkerBuilder {
         })
         .program("sleep", kernels(), |o, _| {
             o.submit("sleep", TaskArgs::new()).map(|_| ())
+        })
+        .program("bump_staged", kernels(), |o, call| {
+            let w = call
+                .comm
+                .as_ref()
+                .ok_or_else(|| pto_core::OrchError::msg("no comm"))?;
+            let t = w
+                .window(0)
+                .and_then(|w| w.local_tensor("signal"))
+                .map_err(|e| pto_core::OrchError::msg(e.to_string()))?;
+            o.submit("bump_u32", TaskArgs::new().inout(&t)).map(|_| ())
         })
         .sub("check_sum", |call| {
             // t0 = a, t1 = b, t2 = out, t3 = verdict (1 when out == a + b).
@@ -405,6 +421,40 @@ fn a_worker_can_have_workers_as_children() -> Result<(), Failed> {
     no_residue()
 }
 
+fn host_staging_loads_and_stores_window_buffers() -> Result<(), Failed> {
+    let host: Vec<_> = (0..2)
+        .map(|c| {
+            let t = pto_worker::shared_tensor(&[16], DType::U32).unwrap();
+            t.write(&(0..16).map(|i| c * 100 + i).collect::<Vec<u32>>())
+                .unwrap();
+            t
+        })
+        .collect();
+    let w = builder(2).stage("signal", &host).init()?;
+    for _ in 0..2 {
+        w.run(|h| {
+            for c in 0..2 {
+                h.submit_chip(c, "bump_staged", TaskArgs::new())?;
+            }
+            Ok(())
+        })?;
+    }
+    for (c, t) in host.iter().enumerate() {
+        let want: Vec<u32> = (0..16).map(|i| c as u32 * 100 + i + 2).collect();
+        assert_eq!(t.read::<u32>()?, want, "chip {c}");
+    }
+    w.close();
+    // Wrong sizes are refused before anything forks.
+    let small = pto_worker::shared_tensor(&[4], DType::U32)?;
+    let r = builder(1).stage("signal", &[small]).init();
+    assert!(
+        matches!(&r, Err(WorkerError::Args(m)) if m.contains("64 bytes")),
+        "{r:?}"
+    );
+    drop(host);
+    no_residue()
+}
+
 /// Run as a child process: makes a Worker, prints its children's pids, and waits to be killed.
 fn parent_role() {
     let w = builder(2).init().unwrap();
@@ -491,6 +541,10 @@ fn main() {
         Trial::test(
             "a_worker_can_have_workers_as_children",
             a_worker_can_have_workers_as_children,
+        ),
+        Trial::test(
+            "host_staging_loads_and_stores_window_buffers",
+            host_staging_loads_and_stores_window_buffers,
         ),
     ];
     libtest_mimic::run(&args, tests).exit();
