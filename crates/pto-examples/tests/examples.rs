@@ -1,0 +1,66 @@
+//! Every example at several rank counts on every backend it supports, checked against its
+//! golden. `harness = false` with one thread: the Worker examples fork, and shm ranks re-run
+//! this binary as rank processes.
+
+use std::process::{Command, Stdio};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use pto_comm::Backend;
+use pto_examples::{dist, RunArgs, EXAMPLES};
+
+const CHILD: &str = "PTO_EXAMPLE_CHILD";
+
+fn run(name: &'static str, backend: Backend, ranks: usize) -> Result<(), Failed> {
+    let ex = pto_examples::find(name).ok_or("no such example")?;
+    let args = RunArgs {
+        size: None,
+        trace: false,
+        cores: (1, 2),
+        backend,
+    };
+    let exe = std::env::current_exe()?;
+    let command = move |_r: usize| {
+        let mut c = Command::new(&exe);
+        c.env(CHILD, name)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        c
+    };
+    let out = dist::run(ex, &args, ranks, &command).map_err(|e| e.to_string())?;
+    if out.passed {
+        Ok(())
+    } else {
+        Err(out.detail.into())
+    }
+}
+
+fn main() {
+    if let Ok(name) = std::env::var(CHILD) {
+        std::process::exit(dist::rank_main(&name));
+    }
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    let mut trials = Vec::new();
+    for ex in EXAMPLES {
+        let name = ex.name;
+        let plan: Vec<(Backend, Vec<usize>)> = if ex.ranks.is_some() {
+            vec![
+                (Backend::Local, vec![1, 2, 3, 4, 8]),
+                (Backend::Shm, vec![1, 2, 3, 4, 8]),
+            ]
+        } else if ex.worker.is_some() {
+            vec![(Backend::Shm, vec![1, 2, 3, 4])]
+        } else {
+            vec![(Backend::Local, vec![1])]
+        };
+        for (backend, ranks) in plan {
+            for n in ranks {
+                trials.push(Trial::test(
+                    format!("{name}_{}_{n}_ranks", backend.name()),
+                    move || run(name, backend, n),
+                ));
+            }
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
