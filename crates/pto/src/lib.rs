@@ -6,6 +6,8 @@
 //! * [`core`] (`pto-core`): tensors, task arguments, the dependency-inferred DAG engine and the
 //!   simulated chip;
 //! * [`kernels`] (`pto-kernels`): the built-in kernels;
+//! * [`comm`] (`pto-comm`): symmetric windows, signals, barriers and domains across ranks;
+//! * [`worker`] (`pto-worker`): the host Worker (one process per chip);
 //! * [`config`]: the one list of `PTO_*` environment variables.
 //!
 //! ## A first program
@@ -49,9 +51,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub use pto_comm as comm;
 pub use pto_core as core;
 pub use pto_core::config;
 pub use pto_kernels as kernels;
+pub use pto_worker as worker;
 
 /// The names most programs need.
 pub mod prelude {
