@@ -615,10 +615,7 @@ fn descs(ctx: &KernelCtx<'_>) -> Result<Vec<TensorDesc>, KernelError> {
 type SplitScalars = (Vec<(u64, DType)>, Vec<u64>);
 
 /// Splits the routing scalars (the last `k`) from the user's.
-fn split_scalars(
-    ctx: &KernelCtx<'_>,
-    k: usize,
-) -> Result<SplitScalars, KernelError> {
+fn split_scalars(ctx: &KernelCtx<'_>, k: usize) -> Result<SplitScalars, KernelError> {
     let all = ctx.scalars();
     if all.len() < k {
         return Err(KernelError::msg("missing routing scalars"));
