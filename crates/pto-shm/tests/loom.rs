@@ -202,7 +202,8 @@ struct Pops {
 }
 
 /// `producers.len()` producer threads post completions into a queue of `capacity` entries
-/// (producer `p` posts tokens `p << 8 | i` for `i < producers[p]`, with status `token + 1`);
+/// (producer `p` posts tokens `(p + 1) << 8 | i` for `i < producers[p]`, with status
+/// `token + 1`; neither is ever 0, the value of a slot that was never written);
 /// the main thread pops until it has all of them. Every completion must arrive exactly once,
 /// with the status written alongside its token, and each producer's completions in the order
 /// it posted them. A payload read before its `seq` is published, or a slot freed before its
@@ -230,7 +231,7 @@ fn queue_model(capacity: usize, producers: &'static [u64]) {
             let (h, pops) = (h.clone(), pops.clone());
             thread::spawn(move || {
                 for i in 0..n {
-                    let token = (p as u64) << 8 | i;
+                    let token = (p as u64 + 1) << 8 | i;
                     let c = Completion {
                         token,
                         status: token + 1,
@@ -262,6 +263,7 @@ fn queue_model(capacity: usize, producers: &'static [u64]) {
             continue;
         };
         let (p, i) = ((c.token >> 8) as usize, c.token & 0xff);
+        let p = p.wrapping_sub(1);
         assert!(p < producers.len(), "unknown token {:#x}", c.token);
         assert_eq!(
             i, next[p],
