@@ -258,8 +258,8 @@ impl Comm {
         };
         let name = format!("{}.d{:x}-{seq}", w.prefix, hash_members(&list));
         let n = list.len();
-        // Domain control: barrier at 256, member list at 320.
-        let len = 320 + 4 * n;
+        // Domain control: barrier at 256, member list at 384.
+        let len = 384 + 4 * n;
         let ctrl = if rank == 0 {
             let seg = w.create(
                 &name,
@@ -272,7 +272,7 @@ impl Comm {
                 },
             )?;
             for (i, &m) in list.iter().enumerate() {
-                seg.atomic_u32(320 + 4 * i)
+                seg.atomic_u32(384 + 4 * i)
                     .store(m, std::sync::atomic::Ordering::Release);
             }
             seg
@@ -306,7 +306,7 @@ impl Comm {
             let theirs = dom
                 .inner
                 .ctrl
-                .atomic_u32(320 + 4 * i)
+                .atomic_u32(384 + 4 * i)
                 .load(std::sync::atomic::Ordering::Acquire);
             if theirs != m {
                 return Err(CommError::Mismatch {

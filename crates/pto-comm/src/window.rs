@@ -24,7 +24,7 @@ use crate::comm::{wait_err, Comm};
 use crate::CommError;
 
 const OFF_BARRIER: usize = 256;
-const OFF_SLEEPERS: usize = 272;
+const OFF_SLEEPERS: usize = 384;
 const DATA: usize = 4096;
 /// Alignment of every rank's window and of every named buffer.
 pub const WINDOW_ALIGN: usize = 64;

@@ -6,9 +6,9 @@
 //! | offset | what |
 //! |---|---|
 //! | 256 | abort word: 0, or the aborting world rank + 1 |
-//! | 320 | world barrier ([`pto_shm::barrier::Barrier`]) |
-//! | 384 | abort message (256 bytes, written before the abort word) |
-//! | 640 | rank table: per rank `{pid: u32, state: u32, start: u64}` |
+//! | 320 | world barrier ([`pto_shm::barrier::Barrier`], 128 bytes) |
+//! | 448 | abort message (256 bytes, written before the abort word) |
+//! | 704 | rank table: per rank `{pid: u32, state: u32, start: u64}` |
 //!
 //! See `docs/design/comm-windows.md`.
 
@@ -29,9 +29,10 @@ use crate::{Backend, CommError, MAX_RANKS};
 
 pub(crate) const OFF_ABORT: usize = 256;
 pub(crate) const OFF_BARRIER: usize = 320;
-pub(crate) const OFF_ABORT_MSG: usize = 384;
+pub(crate) const OFF_ABORT_MSG: usize = 448;
 pub(crate) const ABORT_MSG_LEN: usize = 256;
-pub(crate) const OFF_RANKS: usize = 640;
+pub(crate) const OFF_RANKS: usize = 704;
+const _: () = assert!(OFF_BARRIER % 64 == 0 && OFF_BARRIER + Barrier::SIZE <= OFF_ABORT_MSG);
 pub(crate) const RANK_SLOT: usize = 16;
 
 /// A rank's state in the table.

@@ -12,17 +12,23 @@ use std::time::Instant;
 use crate::sync::{AtomicU32, Ordering};
 use crate::wait::{wait_until, wake, WaitError};
 
-/// The barrier's words. `#[repr(C)]`, all zero initially, valid in shared memory.
-#[repr(C)]
+/// The barrier's words. `#[repr(C)]`, all zero initially, valid in shared memory. The arrival
+/// count and the phase live on separate cache lines, so arrivals do not disturb the waiters
+/// spinning on the phase. [`Barrier::SIZE`] bytes, 64-aligned.
+#[repr(C, align(64))]
 #[derive(Debug, Default)]
 pub struct Barrier {
     count: AtomicU32,
+    _pad0: [u32; 15],
     phase: AtomicU32,
     sleepers: AtomicU32,
-    _pad: AtomicU32,
+    _pad1: [u32; 14],
 }
 
 impl Barrier {
+    /// Bytes a barrier occupies in a shared layout.
+    pub const SIZE: usize = 128;
+
     /// A zeroed barrier (for heap-allocated use; in shared memory zeroed bytes are one).
     pub fn new() -> Barrier {
         Barrier::default()

@@ -11,12 +11,16 @@ use std::time::{Duration, Instant};
 
 use crate::sync::{fence, AtomicU32, Ordering, Park};
 
-/// Spins before the first park.
+/// Most spin iterations before the first park (each 32nd yields the CPU).
 #[cfg(not(loom))]
-pub const SPIN: u32 = 256;
+pub const SPIN: u32 = 1 << 16;
 /// Spins before the first park (one check under loom, where spinning only grows the model).
 #[cfg(loom)]
 pub const SPIN: u32 = 1;
+/// Longest time spent spinning (and yielding) before the first park: long enough that a peer
+/// arriving within a few scheduler time slices is caught without a futex round trip, short
+/// enough that a long wait costs no CPU.
+pub const SPIN_FOR: Duration = Duration::from_micros(50);
 /// Longest single park; bounds how late a deadline or a failure is noticed.
 pub const SLICE: Duration = Duration::from_millis(10);
 /// How often the liveness check runs while parked.
@@ -46,12 +50,18 @@ pub fn wait_until<E>(
     deadline: Instant,
     mut check: impl FnMut() -> Result<(), E>,
 ) -> Result<(), WaitError<E>> {
+    let mut spin_start = None;
     for i in 0..SPIN {
         if ready(word.load(Ordering::Acquire)) {
             return Ok(());
         }
         if i % 32 == 31 {
+            // Yield: with more ranks than CPUs this lets the peer we wait for run.
             std::thread::yield_now();
+            let t = *spin_start.get_or_insert_with(Instant::now);
+            if t.elapsed() >= SPIN_FOR {
+                break;
+            }
         } else {
             std::hint::spin_loop();
         }
