@@ -436,7 +436,8 @@ fn worker_main(shared: &Shared) {
                 .is_some_and(|d| d.poll_async(shared.sender.host.queue()));
             if progressed {
                 idle_polls = 0;
-                shared.kick(&st);
+                // No kick: this thread takes the released work itself at the top of the loop
+                // and kicks others only if more is dispatchable.
                 if st.orch_waiting {
                     shared.orch_cv.notify_one();
                 }
@@ -450,7 +451,18 @@ fn worker_main(shared: &Shared) {
                 st.polling = true;
                 if idle_polls < 2000 {
                     MutexGuard::unlocked(&mut st, || {
-                        spin_for(&shared.hint, seen, Duration::from_micros(2));
+                        // A few hundred nanoseconds between polls: conditions are plain loads,
+                        // and the latency from "condition holds" to "consumer runs" is what
+                        // deferred tasks are for. Yield now and then for other threads.
+                        for _ in 0..8 {
+                            if shared.hint.load(Ordering::Acquire) != seen {
+                                break;
+                            }
+                            std::hint::spin_loop();
+                        }
+                        if idle_polls % 64 == 0 {
+                            std::thread::yield_now();
+                        }
                     });
                 } else {
                     let nap =
