@@ -1,16 +1,33 @@
 #!/usr/bin/env bash
-# Benchmarks with their baselines in the same run. Prints JSON lines.
+# Every benchmark, each with its baseline measured in the same run. Prints JSON lines (pto) and
+# the anchors' own lines. Needs gcc with OpenMP for the OpenMP anchor, and Open MPI (Debian:
+# libopenmpi-dev openmpi-bin) for the MPI anchors; missing anchors are skipped with a note.
 #   scripts/bench.sh [TASKS]
-# Needs gcc with OpenMP (Debian: gcc, libgomp1) for the OpenMP anchor in ../shared/anchors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tasks=${1:-200000}
 anchors=${PTO_ANCHORS:-../shared/anchors}
 cargo build --release --quiet -p pto-cli
+pto=./target/release/pto
+
 omp=()
 if [ -f "$anchors/omp_deps.c" ] && gcc -O2 -fopenmp -o target/omp_deps "$anchors/omp_deps.c" 2>/dev/null; then
   omp=(--omp-anchor target/omp_deps)
 else
-  echo "note: OpenMP anchor not built (no $anchors/omp_deps.c or no OpenMP); pto figures only" >&2
+  echo "note: OpenMP anchor not built; dag figures without a baseline" >&2
 fi
-./target/release/pto bench dag --tasks "$tasks" --json "${omp[@]}"
+$pto bench dag --tasks "$tasks" --json "${omp[@]}"
+$pto bench deferred --json
+$pto bench worker --json
+for n in 2 4 8; do $pto bench comm --backend shm --ranks "$n" --json; done
+$pto bench comm --backend local --ranks 2 --json
+
+if command -v mpicc >/dev/null && [ -f "$anchors/mpi_osu.c" ]; then
+  mpicc -O2 -o target/mpi_osu "$anchors/mpi_osu.c"
+  mpicc -O2 -o target/mpi_bar8 "$anchors/mpi_bar8.c"
+  echo "# Open MPI anchors (same run)"
+  mpirun --allow-run-as-root --oversubscribe -n 2 target/mpi_osu
+  mpirun --allow-run-as-root --oversubscribe -n 8 target/mpi_bar8
+else
+  echo "note: Open MPI not installed; MPI anchors skipped" >&2
+fi
