@@ -114,6 +114,7 @@ pub struct ChipBuilder {
     heap: Option<usize>,
     wait: Option<Duration>,
     stall: Option<Duration>,
+    spin: Option<Duration>,
     ext: Option<Arc<dyn Any + Send + Sync>>,
     queue: Option<Arc<dyn QueueHost>>,
     alloc: Option<Arc<crate::buffer::BufferAllocator>>,
@@ -167,6 +168,12 @@ impl ChipBuilder {
     /// Stall watchdog of a run.
     pub fn stall_timeout(mut self, d: Duration) -> Self {
         self.stall = Some(d);
+        self
+    }
+    /// How long idle threads (and the orchestrating thread, while it waits) spin before they
+    /// park (default `PTO_SPIN_US`). Zero suits chips whose tasks are long.
+    pub fn spin(mut self, d: Duration) -> Self {
+        self.spin = Some(d);
         self
     }
     /// An object every kernel can reach through [`KernelCtx::ext`] (for example a
@@ -230,7 +237,7 @@ impl ChipBuilder {
             ring_heap_bytes: self.heap.unwrap_or(env.ring_heap_bytes),
             wait_timeout: self.wait.unwrap_or(env.wait_timeout),
             stall_timeout: self.stall.unwrap_or(env.stall_timeout),
-            spin: env.spin,
+            spin: self.spin.unwrap_or(env.spin),
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(ChipState {
@@ -572,6 +579,7 @@ impl Chip {
             dag.end_scope();
         }
         let mut last = (u64::MAX, Instant::now());
+        let wait_start = Instant::now();
         while let Some(dag) = st.dag.as_ref() {
             if dag.outstanding == 0 {
                 break;
@@ -588,6 +596,18 @@ impl Chip {
                     running,
                 });
                 break;
+            }
+            // Spin briefly (the last blocks are often about to finish: a futex wake-up costs
+            // more than they do), then park. The orchestrating thread never runs kernels
+            // itself, so the stall watchdog below always gets control back.
+            if wait_start.elapsed() < self.cfg.spin {
+                MutexGuard::unlocked(&mut st, || {
+                    for _ in 0..64 {
+                        std::hint::spin_loop();
+                    }
+                    std::thread::yield_now();
+                });
+                continue;
             }
             st.orch_waiting = true;
             self.shared
@@ -798,6 +818,7 @@ impl Orch<'_> {
         let wait = self.shared.cfg.wait_timeout;
         let deadline = Instant::now() + wait;
         let mut st = self.lock();
+        let start = Instant::now();
         loop {
             let pending = dag_mut(&mut st)?.pending_for(t, write)?;
             if pending == 0 {
@@ -809,6 +830,15 @@ impl Orch<'_> {
                     pending,
                 });
             };
+            if start.elapsed() < self.shared.cfg.spin {
+                MutexGuard::unlocked(&mut st, || {
+                    for _ in 0..64 {
+                        std::hint::spin_loop();
+                    }
+                    std::thread::yield_now();
+                });
+                continue;
+            }
             st.orch_waiting = true;
             self.shared.orch_cv.wait_for(&mut st, left);
             st.orch_waiting = false;

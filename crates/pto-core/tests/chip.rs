@@ -819,3 +819,23 @@ fn many_programs_in_a_row_and_one_thread_for_many_cores() {
         );
     }
 }
+
+#[test]
+#[ignore = "timing probe, run by hand in release mode"]
+fn probe_run_fixed_cost() {
+    let chip = chip();
+    let p = program(|o| o.submit_dummy(TaskArgs::new()).map(|_| ()));
+    let e = program(|_| Ok(()));
+    let k = program(|o| o.submit("nop", TaskArgs::new()).map(|_| ()));
+    for (name, prog) in [("empty", &e), ("dummy", &p), ("one kernel", &k)] {
+        let mut v: Vec<f64> = (0..2000)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                chip.run(prog).unwrap();
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        eprintln!("{name}: median {:.2} us", v[v.len() / 2]);
+    }
+}
