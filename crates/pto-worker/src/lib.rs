@@ -1036,17 +1036,13 @@ impl Worker {
         self.state.tracing.store(trace, Ordering::Relaxed);
         self.state.traces.lock().clear();
         let spec = self.spec.clone();
-        let program = Program::new(
-            "host",
-            host_kernels().map_err(|e| WorkerError::Args(e.to_string()))?,
-            move |o| {
-                let mut h = HostOrch {
-                    orch: o,
-                    spec: &spec,
-                };
-                f(&mut h)
-            },
-        );
+        let program = Program::new("host", self.kernels.clone(), move |o| {
+            let mut h = HostOrch {
+                orch: o,
+                spec: &spec,
+            };
+            f(&mut h)
+        });
         let r = self.host.run_with(&program, RunOptions { trace });
         if let Some(b) = self.state.broken.lock().clone() {
             return Err(WorkerError::Broken(b));
