@@ -922,6 +922,23 @@ impl<'a> HostOrch<'_, 'a> {
             .submit("worker", args.scalar(f as u64).scalar(w as u64))
     }
 
+    /// Runs `f` in a nested scope (see [`Orch::scope`]): host tasks submitted inside are
+    /// reclaimed once it ends, so long host orchestrations stay within the host rings.
+    ///
+    /// # Errors
+    ///
+    /// What `f` returns.
+    pub fn scope<R>(
+        &mut self,
+        f: impl FnOnce(&mut HostOrch<'_, 'a>) -> Result<R, OrchError>,
+    ) -> Result<R, OrchError> {
+        let spec = self.spec;
+        self.orch.scope(|o| {
+            let mut h = HostOrch { orch: o, spec };
+            f(&mut h)
+        })
+    }
+
     /// The underlying orchestration (scopes, reads, dummy tasks).
     pub fn orch(&mut self) -> &mut Orch<'a> {
         self.orch
