@@ -55,6 +55,10 @@ pub(crate) struct CommInner {
     /// Where this communicator's barrier lives (the world segment, or the domain's).
     ctrl: Arc<Segment>,
     barrier_off: usize,
+    /// Offset of the two pair-barrier flag lines in `ctrl` (used when the size is 2).
+    pair_off: usize,
+    /// Barriers this rank has passed in this communicator (the pair barrier's epoch).
+    epoch: std::sync::atomic::AtomicU32,
     /// Names of segments derived from this communicator start with this key.
     pub(crate) key: String,
     window_seq: Mutex<u64>,
@@ -114,6 +118,8 @@ impl Comm {
                 rank,
                 ctrl: w.seg.clone(),
                 barrier_off: crate::world::OFF_BARRIER,
+                pair_off: crate::world::OFF_PAIR,
+                epoch: std::sync::atomic::AtomicU32::new(0),
                 key: w.prefix.clone(),
                 window_seq: Mutex::new(0),
                 guard,
@@ -208,12 +214,50 @@ impl Comm {
     pub fn barrier(&self) -> Result<(), CommError> {
         let w = self.world_ref();
         w.check_abort()?;
+        if self.size() == 2 {
+            return self.pair_barrier();
+        }
         self.barrier_words()
             .wait(self.size() as u32, w.deadline(), || self.check())
             .map_err(wait_err(
                 || format!("barrier of {} ranks", self.size()),
                 self.world_rank(),
             ))
+    }
+
+    /// Two ranks: each adds one to the other's arrival counter and waits until its own reaches
+    /// the number of barriers it has entered. One cache-line transfer each way, in parallel,
+    /// instead of the central barrier's three in sequence. Counters only grow, so a fast rank
+    /// re-entering at once is harmless.
+    fn pair_barrier(&self) -> Result<(), CommError> {
+        let epoch = self
+            .inner
+            .epoch
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .wrapping_add(1);
+        let me = self.rank();
+        let line = |r: usize| self.inner.pair_off + 64 * r;
+        let (theirs, their_sleepers) = (
+            self.inner.ctrl.atomic_u32(line(1 - me)),
+            self.inner.ctrl.atomic_u32(line(1 - me) + 4),
+        );
+        theirs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        pto_shm::wait::wake(theirs, their_sleepers);
+        let (mine, my_sleepers) = (
+            self.inner.ctrl.atomic_u32(line(me)),
+            self.inner.ctrl.atomic_u32(line(me) + 4),
+        );
+        pto_shm::wait::wait_until(
+            mine,
+            my_sleepers,
+            |v| (v.wrapping_sub(epoch) as i32) >= 0,
+            self.world_ref().deadline(),
+            || self.check(),
+        )
+        .map_err(wait_err(
+            || "barrier of 2 ranks".to_string(),
+            self.world_rank(),
+        ))
     }
 
     /// A communicator over a subset of the world: `members` lists world ranks, and a member's
@@ -258,8 +302,8 @@ impl Comm {
         };
         let name = format!("{}.d{:x}-{seq}", w.prefix, hash_members(&list));
         let n = list.len();
-        // Domain control: barrier at 256, member list at 384.
-        let len = 384 + 4 * n;
+        // Domain control: barrier at 256, pair-barrier flags at 384, member list at 512.
+        let len = 512 + 4 * n;
         let ctrl = if rank == 0 {
             let seg = w.create(
                 &name,
@@ -272,7 +316,7 @@ impl Comm {
                 },
             )?;
             for (i, &m) in list.iter().enumerate() {
-                seg.atomic_u32(384 + 4 * i)
+                seg.atomic_u32(512 + 4 * i)
                     .store(m, std::sync::atomic::Ordering::Release);
             }
             seg
@@ -296,6 +340,8 @@ impl Comm {
                 rank,
                 ctrl,
                 barrier_off: 256,
+                pair_off: 384,
+                epoch: std::sync::atomic::AtomicU32::new(0),
                 key: name.clone(),
                 window_seq: Mutex::new(0),
             }),
@@ -306,7 +352,7 @@ impl Comm {
             let theirs = dom
                 .inner
                 .ctrl
-                .atomic_u32(384 + 4 * i)
+                .atomic_u32(512 + 4 * i)
                 .load(std::sync::atomic::Ordering::Acquire);
             if theirs != m {
                 return Err(CommError::Mismatch {

@@ -8,7 +8,8 @@
 //! | 256 | abort word: 0, or the aborting world rank + 1 |
 //! | 320 | world barrier ([`pto_shm::barrier::Barrier`], 128 bytes) |
 //! | 448 | abort message (256 bytes, written before the abort word) |
-//! | 704 | rank table: per rank `{pid: u32, state: u32, start: u64}` |
+//! | 704 | pair-barrier flags: two 64-byte lines `{arrivals: u32, sleepers: u32}` |
+//! | 832 | rank table: per rank `{pid: u32, state: u32, start: u64}` |
 //!
 //! See `docs/design/comm-windows.md`.
 
@@ -31,7 +32,9 @@ pub(crate) const OFF_ABORT: usize = 256;
 pub(crate) const OFF_BARRIER: usize = 320;
 pub(crate) const OFF_ABORT_MSG: usize = 448;
 pub(crate) const ABORT_MSG_LEN: usize = 256;
-pub(crate) const OFF_RANKS: usize = 704;
+/// Two flag lines (for a two-rank communicator's barrier), 64 bytes each.
+pub(crate) const OFF_PAIR: usize = 704;
+pub(crate) const OFF_RANKS: usize = 832;
 const _: () = assert!(OFF_BARRIER % 64 == 0 && OFF_BARRIER + Barrier::SIZE <= OFF_ABORT_MSG);
 pub(crate) const RANK_SLOT: usize = 16;
 
