@@ -79,6 +79,11 @@ pub const CASES: &[Case] = &[
         run: bad_input,
     },
     Case {
+        name: "collectives",
+        ranks: &[1, 2, 3, 4],
+        run: collectives,
+    },
+    Case {
         name: "size_mismatch_is_named",
         ranks: &[2, 3],
         run: size_mismatch,
@@ -362,6 +367,44 @@ fn bad_input(c: &Comm) -> Result<(), String> {
         "bad input corrupted the window".into()
     })?;
     w.release().map_err(e)
+}
+
+fn collectives(c: &Comm) -> Result<(), String> {
+    use crate::{Algorithm, Collectives, ReduceOp};
+    let (me, n) = (c.rank(), c.size());
+    // A small staging area forces the larger calls through in pieces.
+    let co = Collectives::new(c, 256).map_err(e)?;
+    for count in [0usize, 1, 7, 100, 1000] {
+        for algo in [Algorithm::Mesh, Algorithm::TwoPhase] {
+            let mut v: Vec<f32> = (0..count).map(|i| (i + 100 * me) as f32).collect();
+            co.allreduce_with(&mut v, ReduceOp::Sum, algo).map_err(e)?;
+            let want: Vec<f32> = (0..count)
+                .map(|i| (n * i + 100 * n * (n - 1) / 2) as f32)
+                .collect();
+            ensure(v == want, || {
+                format!("allreduce {algo:?} of {count}: {v:?}")
+            })?;
+        }
+        let mut m: Vec<i64> = (0..count).map(|i| (i * (me + 1)) as i64).collect();
+        co.allreduce(&mut m, ReduceOp::Max).map_err(e)?;
+        ensure(
+            m == (0..count).map(|i| (i * n) as i64).collect::<Vec<_>>(),
+            || "max".into(),
+        )?;
+        let mut all = vec![0i32; n * count];
+        co.allgather(
+            &(0..count)
+                .map(|i| (i + 100 * me) as i32)
+                .collect::<Vec<_>>(),
+            &mut all,
+        )
+        .map_err(e)?;
+        let want: Vec<i32> = (0..n)
+            .flat_map(|r| (0..count).map(move |i| (i + 100 * r) as i32))
+            .collect();
+        ensure(all == want, || "allgather".into())?;
+    }
+    co.barrier().map_err(e)
 }
 
 fn size_mismatch(c: &Comm) -> Result<(), String> {

@@ -1,6 +1,8 @@
 //! What kernels receive: the rank's communicator and windows.
 
-use crate::{Comm, CommError, Window};
+use std::sync::Arc;
+
+use crate::{Collectives, Comm, CommError, Window};
 
 /// A rank's communication context, handed to a chip as its extension so that every kernel can
 /// reach it through `KernelCtx::ext::<CommContext>()`.
@@ -8,6 +10,7 @@ use crate::{Comm, CommError, Window};
 pub struct CommContext {
     comm: Comm,
     windows: Vec<Window>,
+    coll: Option<Arc<Collectives>>,
 }
 
 impl CommContext {
@@ -16,6 +19,7 @@ impl CommContext {
         CommContext {
             comm,
             windows: Vec::new(),
+            coll: None,
         }
     }
 
@@ -23,6 +27,24 @@ impl CommContext {
     pub fn with_window(mut self, w: Window) -> CommContext {
         self.windows.push(w);
         self
+    }
+
+    /// Adds collectives (kernels call them through [`CommContext::collectives`]).
+    pub fn with_collectives(mut self, c: Collectives) -> CommContext {
+        self.coll = Some(Arc::new(c));
+        self
+    }
+
+    /// The collectives, when the context has them.
+    ///
+    /// # Errors
+    ///
+    /// [`CommError::BadWindow`] when it has none.
+    pub fn collectives(&self) -> Result<&Collectives, CommError> {
+        self.coll.as_deref().ok_or(CommError::BadWindow {
+            bytes: 0,
+            why: "this context has no collectives (CommContext::with_collectives)",
+        })
     }
 
     /// The communicator.

@@ -35,6 +35,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod collective;
 mod comm;
 pub mod conformance;
 mod context;
@@ -45,6 +46,7 @@ pub mod shm;
 mod window;
 mod world;
 
+pub use collective::{Algorithm, Collectives, ReduceOp, Reducible, MESH_MAX_BYTES};
 pub use comm::Comm;
 pub use context::CommContext;
 pub use error::CommError;
