@@ -106,6 +106,8 @@ pub enum BenchKind {
     Dag,
     /// Barrier, put bandwidth and signal ping-pong across ranks.
     Comm,
+    /// Allreduce (f32 sum) over OSU-style sizes from 8 B to 64 MiB.
+    Allreduce,
     /// Deferred completion: condition-to-consumer latency and completion-queue throughput.
     Deferred,
     /// The host Worker: init with 4 chips, and the round trip of an empty chip task.

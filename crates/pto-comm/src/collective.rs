@@ -279,18 +279,38 @@ impl Collectives {
         self.stage(off, data)?;
         self.ready(e)?;
         let (me, n) = (self.me(), self.n());
-        // Combine in rank order on every rank, so every rank gets bit-identical results.
-        // SAFETY: epoch protocol (see `peer`).
-        let first = unsafe { self.peer::<T>(0, off, data.len())? };
-        if me != 0 {
-            data.copy_from_slice(first);
+        // Combine in rank order on every rank (x0 ⊕ x1 ⊕ ...), so every rank gets bit-identical
+        // results. Work in blocks that stay in cache: each source is read once, the output
+        // written once, and this rank's own contribution is read from `data` itself (the block
+        // is overwritten only after it was used).
+        let mut srcs = Vec::with_capacity(n);
+        for p in 0..n {
+            // SAFETY: epoch protocol (see `peer`).
+            srcs.push(unsafe { self.peer::<T>(p, off, data.len())? });
         }
-        for p in 1..n {
-            // SAFETY: epoch protocol.
-            let src = unsafe { self.peer::<T>(p, off, data.len())? };
-            for (d, s) in data.iter_mut().zip(src) {
-                *d = T::combine(*d, *s, op);
+        let block = (16 << 10) / std::mem::size_of::<T>().max(1);
+        let mut tmp: Vec<T> = Vec::with_capacity(block.min(data.len()));
+        let mut start = 0;
+        while start < data.len() {
+            let end = (start + block).min(data.len());
+            tmp.clear();
+            if me == 0 {
+                tmp.extend_from_slice(&data[start..end]);
+            } else {
+                tmp.extend_from_slice(&srcs[0][start..end]);
             }
+            for (p, src) in srcs.iter().enumerate().skip(1) {
+                let s = if p == me {
+                    &data[start..end]
+                } else {
+                    &src[start..end]
+                };
+                for (a, v) in tmp.iter_mut().zip(s) {
+                    *a = T::combine(*a, *v, op);
+                }
+            }
+            data[start..end].copy_from_slice(&tmp);
+            start = end;
         }
         Ok(())
     }

@@ -99,7 +99,7 @@ fn omp(path: &Path, n: usize, threads: usize) -> anyhow::Result<(f64, f64)> {
 pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     match a.what {
         BenchKind::Dag => {}
-        BenchKind::Comm => return super::comm_bench::bench(a),
+        BenchKind::Comm | BenchKind::Allreduce => return super::comm_bench::bench(a),
         BenchKind::Deferred => return super::deferred_bench::bench(a),
         BenchKind::Worker => return super::worker_bench::bench(a),
     }

@@ -121,11 +121,69 @@ fn run(comm: &Comm, json: bool, backend: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// OSU-style allreduce sizes, in bytes.
+const ALLREDUCE_SIZES: [usize; 12] = [
+    8,
+    64,
+    512,
+    1 << 10,
+    4 << 10,
+    32 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+];
+
+/// Every rank runs this; rank 0 prints one JSON line per size.
+fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<()> {
+    let n = comm.size();
+    let co = pto_comm::Collectives::new(comm, 16 << 20)?;
+    for bytes in ALLREDUCE_SIZES {
+        let count = (bytes / 4).max(1);
+        let mut v = vec![1.0f32; count];
+        let iters = ((64usize << 20) / bytes).clamp(3, 20_000);
+        for _ in 0..iters.min(100) {
+            co.allreduce(&mut v, pto_comm::ReduceOp::Sum)?;
+        }
+        comm.barrier()?;
+        let us = time_us(iters, || {
+            co.allreduce(&mut v, pto_comm::ReduceOp::Sum)?;
+            Ok(())
+        })?;
+        comm.barrier()?;
+        if comm.rank() == 0 {
+            let l = json!({
+                "bench": "allreduce", "ranks": n, "bytes": bytes,
+                "us": (us * 1000.0).round() / 1000.0,
+                "algbw_GBps": ((bytes as f64 / us / 1e3) * 1000.0).round() / 1000.0,
+            });
+            if json {
+                println!("{l}");
+            } else {
+                println!(
+                    "{}",
+                    l.to_string()
+                        .replace(['{', '}', '"'], "")
+                        .replace(',', "  ")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The body of a rank process started by `bench`.
-pub fn rank_main() -> anyhow::Result<ExitCode> {
+pub fn rank_main(allreduce_bench: bool) -> anyhow::Result<ExitCode> {
     let comm = pto_comm::shm::from_env()?.context("not started as a rank")?;
     let json = std::env::var("PTO_BENCH_JSON").is_ok();
-    run(&comm, json, "shm")?;
+    if allreduce_bench {
+        allreduce(&comm, json)?;
+    } else {
+        run(&comm, json, "shm")?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -133,10 +191,15 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     if a.ranks == 0 {
         bail!("--ranks must be at least 1");
     }
+    let is_allreduce = matches!(a.what, crate::cli::BenchKind::Allreduce);
     match a.backend.as_str() {
         "local" => {
             let results = pto_comm::local::run(a.ranks, |c| {
-                run(&c, a.json, "local").map_err(|e| e.to_string())
+                if is_allreduce {
+                    allreduce(&c, a.json).map_err(|e| e.to_string())
+                } else {
+                    run(&c, a.json, "local").map_err(|e| e.to_string())
+                }
             })?;
             for (r, res) in results.into_iter().enumerate() {
                 match res {
@@ -150,10 +213,17 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             let exe = std::env::current_exe()?;
             for r in 0..a.ranks {
                 let mut cmd = Command::new(&exe);
-                cmd.args(["__rank", "bench-comm"])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::inherit())
-                    .stderr(Stdio::inherit());
+                cmd.args([
+                    "__rank",
+                    if is_allreduce {
+                        "bench-allreduce"
+                    } else {
+                        "bench-comm"
+                    },
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::inherit())
+                .stderr(Stdio::inherit());
                 if a.json {
                     cmd.env("PTO_BENCH_JSON", "1");
                 }
