@@ -21,6 +21,7 @@ use pto_core::{OrchError, RunError, TensorError};
 use serde_json::Value;
 
 mod chip;
+mod collectives_ex;
 pub mod dist;
 mod notify;
 mod worker_examples;
@@ -136,6 +137,62 @@ pub const EXAMPLES: &[Example] = &[
         about: "producer out = 2 in, then notify the next rank; a deferred wait; consumer result = out + 1",
         run: dist::needs_ranks,
         ranks: Some(notify::async_notify),
+        worker: None,
+    },
+    Example {
+        name: "allreduce_distributed",
+        about: "the four-phase allreduce kernel on the window (stage in, signal barrier, reduce from every peer, stage out); out[i] = n i + 100 n(n-1)/2",
+        run: dist::needs_ranks,
+        ranks: Some(collectives_ex::allreduce_distributed),
+        worker: None,
+    },
+    Example {
+        name: "allgather",
+        about: "allgather of in[r][i] = i + 100 r; out[r C + i] = 100 r + i",
+        run: dist::needs_ranks,
+        ranks: Some(collectives_ex::allgather),
+        worker: None,
+    },
+    Example {
+        name: "reduce_scatter",
+        about: "reduce-scatter sum; rank r gets out[j] = n (rC + j) + 100 n(n-1)/2",
+        run: dist::needs_ranks,
+        ranks: Some(collectives_ex::reduce_scatter),
+        worker: None,
+    },
+    Example {
+        name: "broadcast",
+        about: "broadcast from rank 0; out[i] = i on every rank",
+        run: dist::needs_ranks,
+        ranks: Some(collectives_ex::broadcast),
+        worker: None,
+    },
+    Example {
+        name: "all_to_all",
+        about: "all-to-all; out[s C + j] = 1000 s + 100 r + j",
+        run: dist::needs_ranks,
+        ranks: Some(collectives_ex::all_to_all),
+        worker: None,
+    },
+    Example {
+        name: "ffn_tp_parallel",
+        about: "tensor-parallel FFN: x_r w_r on an AIC core, then an allreduce sum on an AIV core; y = sum_r x_r w_r",
+        run: dist::needs_ranks,
+        ranks: Some(collectives_ex::ffn_tp_parallel),
+        worker: None,
+    },
+    Example {
+        name: "domain_rank_map",
+        about: "collectives over domains (even ranks; the last two, last first): dense ranks follow the list, sums over members only, a clear error outside",
+        run: dist::needs_ranks,
+        ranks: Some(collectives_ex::domain_rank_map),
+        worker: None,
+    },
+    Example {
+        name: "dual_domain_overlap",
+        about: "one chip in two domains (left [0,1], right [1,2]): an allreduce per domain, then an affine per (domain, chip)",
+        run: dist::needs_ranks,
+        ranks: Some(collectives_ex::dual_domain_overlap),
         worker: None,
     },
     Example {
