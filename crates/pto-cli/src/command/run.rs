@@ -39,7 +39,16 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
             .stderr(Stdio::inherit());
         c
     };
+    // Progress on a terminal only: quiet when output goes to a file or a pipe.
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal() && !a.json;
+    if tty {
+        eprint!("running {} on {} rank(s)...", ex.name, a.ranks);
+    }
     let result = pto_examples::dist::run(ex, &args, a.ranks, &command);
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
     let (passed, detail, wall_ms, tasks) = match &result {
         Ok(o) => (
             o.passed,
