@@ -52,6 +52,9 @@ pub enum Algorithm {
     /// Two phases: each rank reduces its share (reduce-scatter), then every rank gathers the
     /// reduced shares (allgather). Moves about twice the data whatever the rank count.
     TwoPhase,
+    /// A ring: `n − 1` reduce-scatter steps and `n − 1` allgather steps, each between
+    /// neighbours only (every rank pulls one chunk from its left neighbour per step).
+    Ring,
 }
 
 /// An element type collectives can reduce.
@@ -122,6 +125,8 @@ pub struct Collectives {
     w: Window,
     cap: usize,
     epoch: Mutex<u32>,
+    /// Ring steps taken so far (the ring flags' epoch).
+    steps: Mutex<u32>,
 }
 
 impl Collectives {
@@ -143,6 +148,7 @@ impl Collectives {
             w,
             cap,
             epoch: Mutex::new(0),
+            steps: Mutex::new(0),
         })
     }
 
@@ -262,6 +268,7 @@ impl Collectives {
         for piece in data.chunks_mut(self.elems::<T>().max(1)) {
             match algo {
                 Algorithm::TwoPhase => self.allreduce_two_phase(piece, op)?,
+                Algorithm::Ring => self.allreduce_ring(piece, op)?,
                 _ => self.allreduce_mesh(piece, op)?,
             }
         }
@@ -312,6 +319,76 @@ impl Collectives {
             data[start..end].copy_from_slice(&tmp);
             start = end;
         }
+        Ok(())
+    }
+
+    fn allreduce_ring<T: Reducible>(&self, data: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+        let (me, n) = (self.me(), self.n());
+        let e = self.next_epoch();
+        let off = self.area(0, e);
+        self.stage(off, data)?;
+        self.ready(e)?;
+        if n == 1 {
+            return Ok(());
+        }
+        let left = (me + n - 1) % n;
+        let size = std::mem::size_of::<T>();
+        let chunk = |c: usize| block_range(data.len(), c as u32, n as u32);
+        let base = {
+            let mut s = self.steps.lock();
+            let b = *s;
+            *s = s.wrapping_add(2 * (n as u32 - 1));
+            b
+        };
+        // My flag (third word of my line in each peer's window) counts the steps I finished;
+        // only my right neighbour waits for it.
+        let right = (me + 1) % n;
+        let step_done = |k: u32| {
+            self.w
+                .notify(right, me * LINE + 8, base.wrapping_add(k), SignalOp::Set)
+        };
+        let wait_left = |k: u32| self.w.wait_until(left * LINE + 8, base.wrapping_add(k));
+        // Reduce-scatter: at step s, pull chunk (me − s − 1) from the left neighbour, which
+        // finished reducing it at its step s − 1, and combine it into mine.
+        for s in 0..n - 1 {
+            if s > 0 {
+                wait_left(s as u32)?;
+            }
+            let c = (me + 2 * n - s - 1) % n;
+            let r = chunk(c);
+            // SAFETY: the left neighbour wrote chunk c before finishing step s − 1 (or staged it
+            // before the ready exchange, for s = 0) and does not touch it again in this call
+            // until the allgather step that overwrites it, which waits for this rank.
+            let theirs = unsafe { self.peer::<T>(left, off + r.start * size, r.len())? };
+            // SAFETY: this rank's own staging area; only this rank writes it.
+            let mine: Vec<T> =
+                unsafe { self.peer::<T>(me, off + r.start * size, r.len())? }.to_vec();
+            let acc: Vec<T> = theirs
+                .iter()
+                .zip(&mine)
+                .map(|(a, b)| T::combine(*a, *b, op))
+                .collect();
+            self.w
+                .put(me, off + r.start * size, bytemuck::cast_slice(&acc))?;
+            step_done(s as u32 + 1)?;
+        }
+        // Allgather: at step s, pull the finished chunk (me − s) from the left neighbour.
+        for s in 0..n - 1 {
+            wait_left((n - 1 + s) as u32)?;
+            let c = (me + n - s) % n;
+            let r = chunk(c);
+            // SAFETY: as above; chunk c is final on the left neighbour since its step.
+            let theirs: Vec<T> =
+                unsafe { self.peer::<T>(left, off + r.start * size, r.len())? }.to_vec();
+            self.w
+                .put(me, off + r.start * size, bytemuck::cast_slice(&theirs))?;
+            step_done((n + s) as u32)?;
+        }
+        // SAFETY: this rank's own staging area, final now.
+        let all = unsafe { self.peer::<T>(me, off, data.len())? };
+        data.copy_from_slice(all);
+        // The right neighbour may still be reading my chunks: the next call's ready exchange
+        // (which it enters only after finishing this one) protects them.
         Ok(())
     }
 

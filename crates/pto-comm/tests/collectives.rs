@@ -128,7 +128,12 @@ fn arb_op() -> impl Strategy<Value = ReduceOp> {
 }
 
 fn arb_algo() -> impl Strategy<Value = Algorithm> {
-    prop::sample::select(vec![Algorithm::Auto, Algorithm::Mesh, Algorithm::TwoPhase])
+    prop::sample::select(vec![
+        Algorithm::Auto,
+        Algorithm::Mesh,
+        Algorithm::TwoPhase,
+        Algorithm::Ring,
+    ])
 }
 
 proptest! {
