@@ -23,8 +23,14 @@ fn cctx<'a>(ctx: &'a KernelCtx<'_>) -> Result<&'a CommContext, KernelError> {
 }
 
 /// Kernels that call the collectives on their tensor arguments.
-fn kernels() -> Result<KernelRegistry, ExampleError> {
+pub(crate) fn kernels() -> Result<KernelRegistry, ExampleError> {
     let mut k = KernelRegistry::new();
+    // t0 IN, t1 OUT (same shape, f32): copy.
+    k.register("copy_f32", CoreKind::Aiv, |ctx| {
+        let v = ctx.input::<f32>(0)?.to_vec();
+        ctx.output::<f32>(1)?.assign(&v)?;
+        Ok(())
+    })?;
     // t0 (INOUT f32): allreduce sum in place.
     k.register("allreduce_sum", CoreKind::Aiv, |ctx| {
         let co = cctx(ctx)?.collectives().map_err(ce)?;
@@ -137,7 +143,7 @@ fn chip(comm: &Comm, args: &RunArgs, ctx: CommContext) -> Result<Chip, ExampleEr
         .build()?)
 }
 
-fn input(r: usize, len: usize) -> Vec<f32> {
+pub(crate) fn input(r: usize, len: usize) -> Vec<f32> {
     (0..len).map(|i| (i + 100 * r) as f32).collect()
 }
 
@@ -154,7 +160,7 @@ fn outcome(passed: bool, detail: String, report: &pto_core::RunReport) -> RankOu
     }
 }
 
-fn f64s(v: &[f32]) -> Vec<f64> {
+pub(crate) fn f64s(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| f64::from(x)).collect()
 }
 
@@ -335,9 +341,29 @@ pub(crate) fn ffn_tp_parallel(comm: &Comm, args: &RunArgs) -> Result<RankOutcome
         orch.write(&y2, &v)?;
         Ok(())
     })?;
+    let (passed, detail) = compare("y", &f64s(&y.read::<f32>()?), &ffn_golden(n, d), 1e-4);
+    Ok(outcome(passed, detail, &report))
+}
+
+/// Rank r's `x` (d×d): `(arange + 0.25 r) / 32`.
+pub(crate) fn ffn_x(r: usize, d: usize) -> Vec<f32> {
+    (0..d * d)
+        .map(|i| (i as f32 + 0.25 * r as f32) / 32.0)
+        .collect()
+}
+
+/// Rank r's `w` (d×d): `(arange + 0.5 (r + 1)) / 48`.
+pub(crate) fn ffn_w(r: usize, d: usize) -> Vec<f32> {
+    (0..d * d)
+        .map(|i| (i as f32 + 0.5 * (r + 1) as f32) / 48.0)
+        .collect()
+}
+
+/// `Σ_r x_r · w_r` in f64, sequentially.
+pub(crate) fn ffn_golden(n: usize, d: usize) -> Vec<f64> {
     let mut want = vec![0.0f64; d * d];
     for q in 0..n {
-        let (x, w) = (f64s(&x_of(q)), f64s(&w_of(q)));
+        let (x, w) = (f64s(&ffn_x(q, d)), f64s(&ffn_w(q, d)));
         for i in 0..d {
             for p in 0..d {
                 for j in 0..d {
@@ -346,8 +372,7 @@ pub(crate) fn ffn_tp_parallel(comm: &Comm, args: &RunArgs) -> Result<RankOutcome
             }
         }
     }
-    let (passed, detail) = compare("y", &f64s(&y.read::<f32>()?), &want, 1e-4);
-    Ok(outcome(passed, detail, &report))
+    want
 }
 
 fn domain_allreduce(

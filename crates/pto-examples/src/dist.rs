@@ -216,14 +216,18 @@ pub fn run(
     n: usize,
     command: &dyn Fn(usize) -> Command,
 ) -> Result<Outcome, ExampleError> {
+    // With processes (the shm backend), an example that has a Worker form runs through the
+    // host Worker: one forked process per chip, host orchestration, host-side golden check.
     if let Some(w) = ex.worker {
-        if args.backend != Backend::Shm {
+        if args.backend == Backend::Shm {
+            return w(args, n);
+        }
+        if ex.ranks.is_none() {
             return Err(ExampleError::Args(format!(
                 "{} runs its chips as processes: use --backend shm",
                 ex.name
             )));
         }
-        return w(args, n);
     }
     match (ex.ranks, args.backend) {
         (None, _) => {

@@ -144,7 +144,7 @@ pub const EXAMPLES: &[Example] = &[
         about: "the four-phase allreduce kernel on the window (stage in, signal barrier, reduce from every peer, stage out); out[i] = n i + 100 n(n-1)/2",
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::allreduce_distributed),
-        worker: None,
+        worker: Some(worker_examples::allreduce_distributed_worker),
     },
     Example {
         name: "allgather",
@@ -179,7 +179,7 @@ pub const EXAMPLES: &[Example] = &[
         about: "tensor-parallel FFN: x_r w_r on an AIC core, then an allreduce sum on an AIV core; y = sum_r x_r w_r",
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::ffn_tp_parallel),
-        worker: None,
+        worker: Some(worker_examples::ffn_tp_parallel_worker),
     },
     Example {
         name: "domain_rank_map",

@@ -114,3 +114,179 @@ pub(crate) fn multi_chip_dispatch(args: &RunArgs, chips: usize) -> Result<Outcom
         events: report.trace_events,
     })
 }
+
+fn args_err(e: impl std::fmt::Display) -> ExampleError {
+    ExampleError::Args(e.to_string())
+}
+
+/// Row `rank` of a host tensor `[n, rest...]`, as a tensor of shape `rest`.
+fn row(
+    t: &pto_core::Tensor,
+    rank: usize,
+    rest: &[usize],
+) -> Result<pto_core::Tensor, pto_core::OrchError> {
+    let mut shape = vec![1];
+    shape.extend_from_slice(rest);
+    let mut offs = vec![rank];
+    offs.extend(rest.iter().map(|_| 0));
+    Ok(t.view(&shape, &offs)?.reshape(rest)?)
+}
+
+/// `ffn_tp_parallel` through the Worker: one process per chip; the host stacks every rank's
+/// `x` and `w` in shared memory and starts the chip program on all chips at once (a group, as
+/// the allreduce inside needs); each chip takes its row, computes its partial on an AIC core,
+/// allreduces it on an AIV core, and writes `y`; the host checks every chip's `y`.
+pub(crate) fn ffn_tp_parallel_worker(
+    args: &RunArgs,
+    chips: usize,
+) -> Result<Outcome, ExampleError> {
+    use crate::collectives_ex::{f64s, ffn_golden, ffn_w, ffn_x, kernels};
+    let d = args.size.unwrap_or(64).max(1);
+    let t = Instant::now();
+    let w = Worker::builder()
+        .chips(chips)
+        .cores(args.cores.0.max(1), args.cores.1.max(1))
+        .collectives(64 << 10)
+        .program("ffn", kernels()?, move |o, call| {
+            let r = call.rank;
+            let (x, wt, y) = (
+                row(call.tensor(0)?, r, &[d, d])?,
+                row(call.tensor(1)?, r, &[d, d])?,
+                row(call.tensor(2)?, r, &[d, d])?,
+            );
+            let partial = o
+                .submit(
+                    "matmul",
+                    TaskArgs::new()
+                        .input(&x)
+                        .input(&wt)
+                        .output(&[d, d], DType::F32),
+                )?
+                .out(0)?;
+            o.submit("allreduce_sum", TaskArgs::new().inout(&partial))?;
+            o.submit(
+                "copy_f32",
+                TaskArgs::new().input(&partial).output_existing(&y),
+            )?;
+            Ok(())
+        })
+        .init()
+        .map_err(args_err)?;
+    let mk = || w.tensor(&[chips, d, d], DType::F32).map_err(args_err);
+    let (xs, ws, ys) = (mk()?, mk()?, mk()?);
+    xs.write(&(0..chips).flat_map(|r| ffn_x(r, d)).collect::<Vec<_>>())?;
+    ws.write(&(0..chips).flat_map(|r| ffn_w(r, d)).collect::<Vec<_>>())?;
+    let (x2, w2, y2) = (xs.clone(), ws.clone(), ys.clone());
+    let all: Vec<usize> = (0..chips).collect();
+    let report = w
+        .run_with(
+            move |h| {
+                h.submit_group(
+                    &all,
+                    "ffn",
+                    TaskArgs::new().input(&x2).input(&w2).output_existing(&y2),
+                )
+                .map(|_| ())
+            },
+            args.trace,
+        )
+        .map_err(args_err)?;
+    let want = ffn_golden(chips, d);
+    let got = f64s(&ys.read::<f32>()?);
+    let mut passed = true;
+    let mut detail = format!("{chips} chips: every y matches the golden");
+    for (r, y) in got.chunks(d * d).enumerate() {
+        let (ok, det) = crate::compare(&format!("chip {r} y"), y, &want, 1e-4);
+        if !ok {
+            passed = false;
+            detail = det;
+            break;
+        }
+    }
+    let tasks = report.host.stats.tasks;
+    drop((xs, ws, ys));
+    w.close();
+    Ok(Outcome {
+        passed,
+        detail,
+        wall: t.elapsed(),
+        tasks,
+        events: report.trace_events,
+    })
+}
+
+/// `allreduce_distributed` through the Worker: the four-phase kernel on each chip's window
+/// (allocated at bring-up), started on all chips as one group. Golden
+/// `out[i] = n·i + 100·n(n−1)/2` on every chip.
+pub(crate) fn allreduce_distributed_worker(
+    args: &RunArgs,
+    chips: usize,
+) -> Result<Outcome, ExampleError> {
+    use crate::collectives_ex::{f64s, input, kernels};
+    use pto_comm::{BufferSpec, WindowSpec};
+    let len = args.size.unwrap_or(256).max(1);
+    let t = Instant::now();
+    let w = Worker::builder()
+        .chips(chips)
+        .cores(args.cores.0.max(1), args.cores.1.max(1))
+        .window(WindowSpec::for_buffers(vec![
+            BufferSpec::new("scratch", DType::F32, len),
+            BufferSpec::new("signals", DType::U32, 16 * chips),
+        ]))
+        .program("allreduce", kernels()?, move |o, call| {
+            let r = call.rank;
+            let (i, out) = (
+                row(call.tensor(0)?, r, &[len])?,
+                row(call.tensor(1)?, r, &[len])?,
+            );
+            o.submit(
+                "allreduce_4phase",
+                TaskArgs::new().input(&i).output_existing(&out),
+            )
+            .map(|_| ())
+        })
+        .init()
+        .map_err(args_err)?;
+    let ins = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
+    let outs = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
+    ins.write(&(0..chips).flat_map(|r| input(r, len)).collect::<Vec<_>>())?;
+    let (i2, o2) = (ins.clone(), outs.clone());
+    let all: Vec<usize> = (0..chips).collect();
+    let report = w
+        .run_with(
+            move |h| {
+                h.submit_group(
+                    &all,
+                    "allreduce",
+                    TaskArgs::new().input(&i2).output_existing(&o2),
+                )
+                .map(|_| ())
+            },
+            args.trace,
+        )
+        .map_err(args_err)?;
+    let want: Vec<f64> = (0..len)
+        .map(|i| (chips * i + 100 * chips * (chips - 1) / 2) as f64)
+        .collect();
+    let got = f64s(&outs.read::<f32>()?);
+    let mut passed = true;
+    let mut detail = format!("{chips} chips: every out matches the golden");
+    for (r, o) in got.chunks(len).enumerate() {
+        let (ok, det) = crate::compare(&format!("chip {r} out"), o, &want, 1e-6);
+        if !ok {
+            passed = false;
+            detail = det;
+            break;
+        }
+    }
+    let tasks = report.host.stats.tasks;
+    drop((ins, outs));
+    w.close();
+    Ok(Outcome {
+        passed,
+        detail,
+        wall: t.elapsed(),
+        tasks,
+        events: report.trace_events,
+    })
+}

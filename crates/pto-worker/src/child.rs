@@ -210,7 +210,16 @@ fn bring_up(
                 }
                 None => (None, Vec::new(), 0),
             };
+            let coll = match spec.collectives {
+                Some(cap) => {
+                    Some(pto_comm::Collectives::new(&comm, cap).map_err(|e| e.to_string())?)
+                }
+                None => None,
+            };
             let mut ctx = CommContext::new(comm);
+            if let Some(c) = coll {
+                ctx = ctx.with_collectives(c);
+            }
             if let Some(w) = &window {
                 ctx = ctx.with_window(w.clone());
             }

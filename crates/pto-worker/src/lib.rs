@@ -165,6 +165,8 @@ pub(crate) struct Spec {
     worker_fns: Vec<(String, Arc<WorkerFn>)>,
     /// Host staging: window buffer name and one host tensor per chip.
     staging: Vec<(String, Vec<TensorDesc>)>,
+    /// Staging capacity of each chip's collectives, when it has them.
+    collectives: Option<usize>,
 }
 
 /// Builds a [`Worker`].
@@ -204,6 +206,7 @@ impl WorkerBuilder {
                 workers: Vec::new(),
                 worker_fns: Vec::new(),
                 staging: Vec::new(),
+                collectives: None,
             },
         }
     }
@@ -229,6 +232,13 @@ impl WorkerBuilder {
     /// A symmetric window for every chip (allocated at bring-up), with its named buffers.
     pub fn window(mut self, spec: WindowSpec) -> Self {
         self.spec.window = Some(spec);
+        self
+    }
+
+    /// Gives every chip collectives (`CommContext::collectives` in its kernels) with `cap` bytes
+    /// of staging (allocated at bring-up, collective among the chips).
+    pub fn collectives(mut self, cap: usize) -> Self {
+        self.spec.collectives = Some(cap);
         self
     }
 
