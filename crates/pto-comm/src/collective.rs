@@ -430,6 +430,87 @@ impl Collectives {
         Ok(())
     }
 
+    /// Allreduce of data that already lives in a window: `count` elements of `T` at `offset` of
+    /// every rank's part of `w`, replaced by the result on every rank. No staging copy: rank r
+    /// reads its share of every rank's part directly, reduces it, and writes the result into
+    /// every rank's part (each share is read and written only by its owner), then a second
+    /// exchange says every share is done. This is the memory-bound path for large data.
+    ///
+    /// # Collective
+    ///
+    /// Every member calls it with the same window, offset, count and operation; `w` must span
+    /// the same ranks as these collectives.
+    ///
+    /// # Errors
+    ///
+    /// A range outside the window, a window over other ranks, or a communication error.
+    pub fn allreduce_window<T: Reducible>(
+        &self,
+        w: &Window,
+        offset: usize,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let (me, n) = (self.me(), self.n());
+        let size = std::mem::size_of::<T>();
+        if w.ranks() != n || w.rank() != me {
+            return Err(CommError::BadWindow {
+                bytes: w.len(),
+                why: "the window does not span the ranks of these collectives",
+            });
+        }
+        let bytes = count.checked_mul(size).ok_or(CommError::BadWindow {
+            bytes: usize::MAX,
+            why: "count overflows",
+        })?;
+        w.remote(me, offset)?;
+        if offset % 64 != 0 || offset + bytes > w.len() {
+            return Err(CommError::OutOfBounds {
+                op: "allreduce_window",
+                rank: me,
+                offset,
+                len: bytes,
+                size: w.len(),
+            });
+        }
+        // Everyone's input is in place.
+        let e = self.next_epoch();
+        self.ready(e)?;
+        let mine = block_range(count, me as u32, n as u32);
+        if !mine.is_empty() {
+            let mut srcs = Vec::with_capacity(n);
+            for p in 0..n {
+                // SAFETY: chunk `mine` of every rank's part is read and written only by this
+                // rank during this call (each rank owns its share), and no rank touches the
+                // data again before the closing exchange below.
+                srcs.push(unsafe {
+                    let base = w.peer_ptr(p)?.add(offset + mine.start * size).cast::<T>();
+                    std::slice::from_raw_parts_mut(base, mine.len())
+                });
+            }
+            let block = (16 << 10) / size.max(1);
+            let mut tmp: Vec<T> = Vec::with_capacity(block.min(mine.len()));
+            let mut start = 0;
+            while start < mine.len() {
+                let end = (start + block).min(mine.len());
+                tmp.clear();
+                tmp.extend_from_slice(&srcs[0][start..end]);
+                for src in srcs.iter().skip(1) {
+                    for (a, v) in tmp.iter_mut().zip(&src[start..end]) {
+                        *a = T::combine(*a, *v, op);
+                    }
+                }
+                for dst in srcs.iter_mut() {
+                    dst[start..end].copy_from_slice(&tmp);
+                }
+                start = end;
+            }
+        }
+        // Every share is done (second word of the flag lines).
+        self.exchange(4, e)?;
+        Ok(())
+    }
+
     /// Gathers every rank's `mine` into `out` (rank r's data at `out[r·k .. (r+1)·k]`).
     ///
     /// # Errors

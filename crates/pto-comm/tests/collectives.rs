@@ -178,3 +178,39 @@ fn many_calls_reuse_one_window() {
         }
     });
 }
+
+#[test]
+fn allreduce_in_a_window_needs_no_staging() {
+    for n in 1..=4usize {
+        for count in [0usize, 1, 5, 1000, 4099] {
+            let comms = local::comms(n).unwrap();
+            std::thread::scope(|s| {
+                for c in comms {
+                    s.spawn(move || {
+                        let me = c.rank();
+                        let co = Collectives::new(&c, 256).unwrap();
+                        let w = c
+                            .alloc_window(&pto_comm::WindowSpec::new(64 + 4 * count.max(1)))
+                            .unwrap();
+                        for round in 0..3usize {
+                            let v: Vec<f32> =
+                                (0..count).map(|i| (i + 100 * me + round) as f32).collect();
+                            w.put_slice(me, 64, &v).unwrap();
+                            co.allreduce_window::<f32>(&w, 64, count, ReduceOp::Sum)
+                                .unwrap();
+                            let got = w.get_vec::<f32>(me, 64, count).unwrap();
+                            let want: Vec<f32> = (0..count)
+                                .map(|i| (n * (i + round) + 100 * n * (n - 1) / 2) as f32)
+                                .collect();
+                            assert_eq!(got, want, "n {n} count {count} round {round} rank {me}");
+                            // Nobody rewrites its input before every rank has read its result.
+                            co.barrier().unwrap();
+                        }
+                        // Bad ranges are errors.
+                        assert!(co.allreduce_window::<f32>(&w, 3, 1, ReduceOp::Sum).is_err());
+                    });
+                }
+            });
+        }
+    }
+}

@@ -172,6 +172,37 @@ fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<()> {
             }
         }
     }
+    // Data already in a window: no staging copy (the memory-bound path).
+    let w = comm.alloc_window(&pto_comm::WindowSpec::new(64 + (64 << 20)))?;
+    for bytes in [1usize << 20, 64 << 20] {
+        let count = bytes / 4;
+        w.put_slice(comm.rank(), 64, &vec![1.0f32; count])?;
+        let iters = ((256usize << 20) / bytes).clamp(3, 200);
+        co.allreduce_window::<f32>(&w, 64, count, pto_comm::ReduceOp::Sum)?;
+        comm.barrier()?;
+        let us = time_us(iters, || {
+            co.allreduce_window::<f32>(&w, 64, count, pto_comm::ReduceOp::Sum)?;
+            Ok(())
+        })?;
+        comm.barrier()?;
+        if comm.rank() == 0 {
+            let l = json!({
+                "bench": "allreduce_window", "ranks": n, "bytes": bytes,
+                "us": (us * 1000.0).round() / 1000.0,
+                "algbw_GBps": ((bytes as f64 / us / 1e3) * 1000.0).round() / 1000.0,
+            });
+            if json {
+                println!("{l}");
+            } else {
+                println!(
+                    "{}",
+                    l.to_string()
+                        .replace(['{', '}', '"'], "")
+                        .replace(',', "  ")
+                );
+            }
+        }
+    }
     Ok(())
 }
 
