@@ -290,3 +290,202 @@ pub(crate) fn allreduce_distributed_worker(
         events: report.trace_events,
     })
 }
+
+/// What one collective example needs to run through the Worker.
+struct CollectiveRun {
+    kernel: &'static str,
+    /// The per-rank count `C` the formulas use.
+    c: usize,
+    /// Elements of each chip's input and output.
+    in_len: usize,
+    out_len: usize,
+    /// Chip r's input.
+    input: fn(usize, usize, usize) -> Vec<f32>,
+    /// Chip r's golden output.
+    golden: fn(usize, usize, usize) -> Vec<f64>,
+    /// The kernel takes its data in place (one INOUT tensor) rather than IN then OUT.
+    in_place: bool,
+}
+
+/// Runs `spec` through the Worker: every chip takes its row of the host's stacked input and
+/// output, the kernel calls the chip's collectives, the host checks every row.
+fn collective_worker(
+    args: &RunArgs,
+    chips: usize,
+    spec: CollectiveRun,
+) -> Result<Outcome, ExampleError> {
+    use crate::collectives_ex::{f64s, kernels};
+    let c = spec.c;
+    let t = Instant::now();
+    let (kernel, in_len, out_len, in_place) =
+        (spec.kernel, (spec.in_len), spec.out_len, spec.in_place);
+    let w = Worker::builder()
+        .chips(chips)
+        .cores(args.cores.0.max(1), args.cores.1.max(1))
+        .collectives(64 << 10)
+        .program("collective", kernels()?, move |o, call| {
+            let r = call.rank;
+            if in_place {
+                let d = row(call.tensor(1)?, r, &[out_len])?;
+                o.submit(kernel, TaskArgs::new().inout(&d).scalar(0u64))
+                    .map(|_| ())
+            } else {
+                let (i, out) = (
+                    row(call.tensor(0)?, r, &[in_len])?,
+                    row(call.tensor(1)?, r, &[out_len])?,
+                );
+                o.submit(kernel, TaskArgs::new().input(&i).output_existing(&out))
+                    .map(|_| ())
+            }
+        })
+        .init()
+        .map_err(args_err)?;
+    let ins = w
+        .tensor(&[chips, in_len.max(1)], DType::F32)
+        .map_err(args_err)?;
+    let outs = w
+        .tensor(&[chips, out_len.max(1)], DType::F32)
+        .map_err(args_err)?;
+    ins.write(
+        &(0..chips)
+            .flat_map(|r| (spec.input)(r, chips, c))
+            .collect::<Vec<_>>(),
+    )?;
+    if in_place {
+        outs.write(
+            &(0..chips)
+                .flat_map(|r| (spec.input)(r, chips, c))
+                .collect::<Vec<_>>(),
+        )?;
+    }
+    let (i2, o2) = (ins.clone(), outs.clone());
+    let all: Vec<usize> = (0..chips).collect();
+    let report = w
+        .run_with(
+            move |h| {
+                h.submit_group(
+                    &all,
+                    "collective",
+                    TaskArgs::new().input(&i2).output_existing(&o2),
+                )
+                .map(|_| ())
+            },
+            args.trace,
+        )
+        .map_err(args_err)?;
+    let got = f64s(&outs.read::<f32>()?);
+    let mut passed = true;
+    let mut detail = format!("{chips} chips: every output matches the golden");
+    for (r, o) in got.chunks(out_len.max(1)).enumerate() {
+        let (ok, det) = crate::compare(&format!("chip {r}"), o, &(spec.golden)(r, chips, c), 0.0);
+        if !ok {
+            passed = false;
+            detail = det;
+            break;
+        }
+    }
+    let tasks = report.host.stats.tasks;
+    drop((ins, outs));
+    w.close();
+    Ok(Outcome {
+        passed,
+        detail,
+        wall: t.elapsed(),
+        tasks,
+        events: report.trace_events,
+    })
+}
+
+fn inp(r: usize, len: usize) -> Vec<f32> {
+    (0..len).map(|i| (i + 100 * r) as f32).collect()
+}
+
+pub(crate) fn allgather_worker(args: &RunArgs, chips: usize) -> Result<Outcome, ExampleError> {
+    let c = args.size.unwrap_or(64).max(1);
+    collective_worker(
+        args,
+        chips,
+        CollectiveRun {
+            kernel: "allgather",
+            c,
+            in_len: c,
+            out_len: chips * c,
+            input: |r, _, c| inp(r, c),
+            golden: |_, n, c| {
+                (0..n)
+                    .flat_map(|s| (0..c).map(move |i| (100 * s + i) as f64))
+                    .collect()
+            },
+            in_place: false,
+        },
+    )
+}
+
+pub(crate) fn reduce_scatter_worker(args: &RunArgs, chips: usize) -> Result<Outcome, ExampleError> {
+    let c = args.size.unwrap_or(64).max(1);
+    collective_worker(
+        args,
+        chips,
+        CollectiveRun {
+            kernel: "reduce_scatter",
+            c,
+            in_len: chips * c,
+            out_len: c,
+            input: |r, n, c| inp(r, n * c),
+            golden: |r, n, c| {
+                (0..c)
+                    .map(|j| (n * (r * c + j) + 100 * n * (n - 1) / 2) as f64)
+                    .collect()
+            },
+            in_place: false,
+        },
+    )
+}
+
+pub(crate) fn broadcast_worker(args: &RunArgs, chips: usize) -> Result<Outcome, ExampleError> {
+    let c = args.size.unwrap_or(256).max(1);
+    collective_worker(
+        args,
+        chips,
+        CollectiveRun {
+            kernel: "broadcast",
+            c,
+            in_len: c,
+            out_len: c,
+            input: |r, _, c| {
+                if r == 0 {
+                    (0..c).map(|i| i as f32).collect()
+                } else {
+                    vec![-1.0; c]
+                }
+            },
+            golden: |_, _, c| (0..c).map(|i| i as f64).collect(),
+            in_place: true,
+        },
+    )
+}
+
+pub(crate) fn all_to_all_worker(args: &RunArgs, chips: usize) -> Result<Outcome, ExampleError> {
+    let c = args.size.unwrap_or(32).max(1);
+    collective_worker(
+        args,
+        chips,
+        CollectiveRun {
+            kernel: "all_to_all",
+            c,
+            in_len: chips * c,
+            out_len: chips * c,
+            input: |r, n, c| {
+                (0..n)
+                    .flat_map(|d| (0..c).map(move |j| (1000 * r + 100 * d + j) as f32))
+                    .collect()
+            },
+            golden: |r, n, c| {
+                (0..n)
+                    .flat_map(|s| (0..c).map(move |j| (1000 * s + 100 * r + j) as f64))
+                    .collect()
+            },
+            in_place: false,
+        },
+    )
+}
