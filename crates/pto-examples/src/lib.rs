@@ -130,14 +130,14 @@ pub const EXAMPLES: &[Example] = &[
         about: "rank r writes partial[r] = r + 1 into rank r+1's mailbox and notifies it; a deferred wait gates the consumer: result[r] = partial[r-1]",
         run: dist::needs_ranks,
         ranks: Some(notify::deferred_notify),
-        worker: None,
+        worker: Some(worker_examples::deferred_notify_worker),
     },
     Example {
         name: "async_notify",
         about: "producer out = 2 in, then notify the next rank; a deferred wait; consumer result = out + 1",
         run: dist::needs_ranks,
         ranks: Some(notify::async_notify),
-        worker: None,
+        worker: Some(worker_examples::async_notify_worker),
     },
     Example {
         name: "allreduce_distributed",
@@ -186,14 +186,14 @@ pub const EXAMPLES: &[Example] = &[
         about: "collectives over domains (even ranks; the last two, last first): dense ranks follow the list, sums over members only, a clear error outside",
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::domain_rank_map),
-        worker: None,
+        worker: Some(worker_examples::domain_rank_map_worker),
     },
     Example {
         name: "dual_domain_overlap",
         about: "one chip in two domains (left [0,1], right [1,2]): an allreduce per domain, then an affine per (domain, chip)",
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::dual_domain_overlap),
-        worker: None,
+        worker: Some(worker_examples::dual_domain_overlap_worker),
     },
     Example {
         name: "multi_chip_dispatch",

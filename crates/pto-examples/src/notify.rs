@@ -27,7 +27,7 @@ fn window<'a>(ctx: &'a KernelCtx<'_>) -> Result<&'a Window, KernelError> {
 }
 
 /// The kernels both examples use. Buffers: `mailbox` (f32) and `counter` (u32).
-fn kernels() -> Result<KernelRegistry, ExampleError> {
+pub(crate) fn kernels() -> Result<KernelRegistry, ExampleError> {
     let mut k = KernelRegistry::new();
     // t0: data (IN). Puts it into the next rank's mailbox, then notifies its counter.
     k.register("put_notify", CoreKind::Aiv, |ctx| {

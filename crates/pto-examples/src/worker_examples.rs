@@ -489,3 +489,295 @@ pub(crate) fn all_to_all_worker(args: &RunArgs, chips: usize) -> Result<Outcome,
         },
     )
 }
+
+/// `deferred_notify` through the Worker: each chip's window holds its mailbox and counter
+/// (allocated at bring-up); one group run: put into the next chip's mailbox and notify, a
+/// deferred wait on the own counter, then the consumer copies the mailbox into the chip's row of
+/// the host result. Golden: `result[r] = partial[(r − 1) mod n] = r` (with `partial[r] = r + 1`).
+pub(crate) fn deferred_notify_worker(
+    args: &RunArgs,
+    chips: usize,
+) -> Result<Outcome, ExampleError> {
+    notify_worker(args, chips, false)
+}
+
+/// `async_notify` through the Worker: producer `out = 2·in` then notify the next chip; a
+/// deferred wait; consumer `result = out + 1`. Golden: `2·in + 1`, `in[i] = i + 100·r`.
+pub(crate) fn async_notify_worker(args: &RunArgs, chips: usize) -> Result<Outcome, ExampleError> {
+    notify_worker(args, chips, true)
+}
+
+fn notify_worker(
+    args: &RunArgs,
+    chips: usize,
+    asynchronous: bool,
+) -> Result<Outcome, ExampleError> {
+    use pto_comm::{BufferSpec, WindowSpec};
+    let len = args
+        .size
+        .unwrap_or(if asynchronous { 64 } else { 16 })
+        .max(1);
+    let t = Instant::now();
+    let w = Worker::builder()
+        .chips(chips)
+        .cores(args.cores.0, args.cores.1.max(1))
+        .window(WindowSpec::for_buffers(vec![
+            BufferSpec::new("mailbox", DType::F32, len),
+            BufferSpec::new("counter", DType::U32, 1),
+        ]))
+        .program("notify", crate::notify::kernels()?, move |o, call| {
+            let r = call.rank;
+            let (i, res) = (
+                row(call.tensor(0)?, r, &[len])?,
+                row(call.tensor(1)?, r, &[len])?,
+            );
+            let tok_args = TaskArgs::new().output(&[1], DType::I32).deferred();
+            if asynchronous {
+                let out = o
+                    .submit(
+                        "double_notify",
+                        TaskArgs::new().input(&i).output(&[len], DType::F32),
+                    )?
+                    .out(0)?;
+                let tok = o.submit("notify_wait", tok_args)?.out(0)?;
+                o.submit(
+                    "consume",
+                    TaskArgs::new()
+                        .input(&tok)
+                        .input(&out)
+                        .output_existing(&res)
+                        .scalar(1.0f32),
+                )?;
+            } else {
+                let mailbox = call
+                    .comm
+                    .as_ref()
+                    .ok_or_else(|| pto_core::OrchError::msg("no comm"))?
+                    .window(0)
+                    .and_then(|w| w.local_tensor("mailbox"))
+                    .map_err(|e| pto_core::OrchError::msg(e.to_string()))?;
+                o.submit("put_notify", TaskArgs::new().input(&i))?;
+                let tok = o.submit("notify_wait", tok_args)?.out(0)?;
+                o.submit(
+                    "consume",
+                    TaskArgs::new()
+                        .input(&tok)
+                        .input(&mailbox)
+                        .output_existing(&res)
+                        .scalar(0.0f32),
+                )?;
+            }
+            Ok(())
+        })
+        .init()
+        .map_err(args_err)?;
+    let ins = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
+    let outs = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
+    let input = |r: usize| -> Vec<f32> {
+        if asynchronous {
+            (0..len).map(|i| (i + 100 * r) as f32).collect()
+        } else {
+            vec![(r + 1) as f32; len]
+        }
+    };
+    ins.write(&(0..chips).flat_map(input).collect::<Vec<_>>())?;
+    let (i2, o2) = (ins.clone(), outs.clone());
+    let all: Vec<usize> = (0..chips).collect();
+    let report = w
+        .run_with(
+            move |h| {
+                h.submit_group(
+                    &all,
+                    "notify",
+                    TaskArgs::new().input(&i2).output_existing(&o2),
+                )
+                .map(|_| ())
+            },
+            args.trace,
+        )
+        .map_err(args_err)?;
+    let got = crate::collectives_ex::f64s(&outs.read::<f32>()?);
+    let mut passed = true;
+    let mut detail = format!("{chips} chips: every result matches the golden");
+    for (r, o) in got.chunks(len).enumerate() {
+        let want: Vec<f64> = if asynchronous {
+            input(r).iter().map(|&x| 2.0 * f64::from(x) + 1.0).collect()
+        } else {
+            vec![((r + chips - 1) % chips + 1) as f64; len]
+        };
+        let (ok, det) = crate::compare(&format!("chip {r} result"), o, &want, 0.0);
+        if !ok {
+            passed = false;
+            detail = det;
+            break;
+        }
+    }
+    let tasks = report.host.stats.tasks;
+    drop((ins, outs));
+    w.close();
+    Ok(Outcome {
+        passed,
+        detail,
+        wall: t.elapsed(),
+        tasks,
+        events: report.trace_events,
+    })
+}
+
+/// The domains of `domain_rank_map` (even ranks; the last two, last first) or of
+/// `dual_domain_overlap` (left `[0, 1]`, right `[1, 2]`, clipped to the chips), with the affine
+/// scale each applies (1 for the rank map).
+fn domains(chips: usize, dual: bool) -> Vec<(Vec<usize>, f32)> {
+    if dual {
+        vec![
+            ([0, 1].into_iter().filter(|&r| r < chips).collect(), 2.0),
+            ([1, 2].into_iter().filter(|&r| r < chips).collect(), 3.0),
+        ]
+    } else {
+        let even = (0..chips).step_by(2).collect();
+        let tail = if chips >= 2 {
+            vec![chips - 1, chips - 2]
+        } else {
+            vec![0]
+        };
+        vec![(even, 1.0), (tail, 1.0)]
+    }
+}
+
+/// `domain_rank_map` / `dual_domain_overlap` through the Worker: in one group run, each chip's
+/// orchestration makes the domains it belongs to (dense ranks in list order; asking for a
+/// domain it is not in is an error), allreduces its row within each domain from host code,
+/// applies `·scale + bias` (bias = its rank, dual only) and writes the result into its row of
+/// the host output `[chip, domain, len]`. The host checks every (chip, domain).
+fn domain_worker(args: &RunArgs, chips: usize, dual: bool) -> Result<Outcome, ExampleError> {
+    use pto_comm::{Collectives, ReduceOp};
+    let len = args.size.unwrap_or(32).max(1);
+    let t = Instant::now();
+    let w = Worker::builder()
+        .chips(chips)
+        .cores(1, 1)
+        .program(
+            "domains",
+            pto_core::KernelRegistry::new(),
+            move |o, call| {
+                let comm = call
+                    .comm
+                    .as_ref()
+                    .ok_or_else(|| pto_core::OrchError::msg("no comm"))?
+                    .comm()
+                    .clone();
+                let me = comm.world_rank();
+                let err = |e: pto_comm::CommError| pto_core::OrchError::msg(e.to_string());
+                let x = row(call.tensor(0)?, me, &[len])?;
+                let input = o.read::<f32>(&x)?;
+                for (d, (members, scale)) in domains(comm.size(), dual).into_iter().enumerate() {
+                    if members.is_empty() {
+                        continue;
+                    }
+                    let Some(dense) = members.iter().position(|&m| m == me) else {
+                        match comm.domain(&members) {
+                            Err(pto_comm::CommError::BadDomain { .. }) => continue,
+                            other => {
+                                return Err(pto_core::OrchError::msg(format!(
+                                    "non-member of {members:?} got {other:?}"
+                                )))
+                            }
+                        }
+                    };
+                    let dom = comm.domain(&members).map_err(err)?;
+                    if dom.rank() != dense {
+                        return Err(pto_core::OrchError::msg(format!(
+                            "dense rank {} in {members:?}, want {dense}",
+                            dom.rank()
+                        )));
+                    }
+                    let co = Collectives::new(&dom, 4096).map_err(err)?;
+                    let mut v = input.clone();
+                    co.allreduce(&mut v, ReduceOp::Sum).map_err(err)?;
+                    let bias = if dual { me as f32 } else { 0.0 };
+                    v.iter_mut().for_each(|x| *x = *x * scale + bias);
+                    let out = call
+                        .tensor(1)?
+                        .view(&[1, 1, len], &[me, d, 0])?
+                        .reshape(&[len])?;
+                    o.write(&out, &v)?;
+                }
+                Ok(())
+            },
+        )
+        .init()
+        .map_err(args_err)?;
+    let ins = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
+    let outs = w.tensor(&[chips, 2, len], DType::F32).map_err(args_err)?;
+    ins.write(&(0..chips).flat_map(|r| inp(r, len)).collect::<Vec<_>>())?;
+    let (i2, o2) = (ins.clone(), outs.clone());
+    let all: Vec<usize> = (0..chips).collect();
+    let report = w
+        .run_with(
+            move |h| {
+                h.submit_group(
+                    &all,
+                    "domains",
+                    TaskArgs::new().input(&i2).output_existing(&o2),
+                )
+                .map(|_| ())
+            },
+            args.trace,
+        )
+        .map_err(args_err)?;
+    let got = crate::collectives_ex::f64s(&outs.read::<f32>()?);
+    let mut passed = true;
+    let mut detail = format!("{chips} chips: every (chip, domain) matches the golden");
+    'check: for r in 0..chips {
+        for (d, (members, scale)) in domains(chips, dual).into_iter().enumerate() {
+            let want: Vec<f64> = if members.contains(&r) {
+                let bias = if dual { r as f64 } else { 0.0 };
+                (0..len)
+                    .map(|i| {
+                        members.iter().map(|&m| (i + 100 * m) as f64).sum::<f64>()
+                            * f64::from(scale)
+                            + bias
+                    })
+                    .collect()
+            } else {
+                vec![0.0; len]
+            };
+            let start = (r * 2 + d) * len;
+            let (ok, det) = crate::compare(
+                &format!("chip {r} domain {d}"),
+                &got[start..start + len],
+                &want,
+                0.0,
+            );
+            if !ok {
+                passed = false;
+                detail = det;
+                break 'check;
+            }
+        }
+    }
+    let tasks = report.host.stats.tasks;
+    drop((ins, outs));
+    w.close();
+    Ok(Outcome {
+        passed,
+        detail,
+        wall: t.elapsed(),
+        tasks,
+        events: report.trace_events,
+    })
+}
+
+pub(crate) fn domain_rank_map_worker(
+    args: &RunArgs,
+    chips: usize,
+) -> Result<Outcome, ExampleError> {
+    domain_worker(args, chips, false)
+}
+
+pub(crate) fn dual_domain_overlap_worker(
+    args: &RunArgs,
+    chips: usize,
+) -> Result<Outcome, ExampleError> {
+    domain_worker(args, chips, true)
+}
