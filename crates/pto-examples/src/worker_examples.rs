@@ -115,6 +115,31 @@ pub(crate) fn multi_chip_dispatch(args: &RunArgs, chips: usize) -> Result<Outcom
     })
 }
 
+/// Checks each chip's `row_len` slice of `got` against `golden(chip)`; the detail names the
+/// first mismatch.
+fn check_rows(
+    got: &[f64],
+    row_len: usize,
+    what: &str,
+    tol: f64,
+    golden: impl Fn(usize) -> Vec<f64>,
+) -> (bool, String) {
+    let row_len = row_len.max(1);
+    for (r, row) in got.chunks(row_len).enumerate() {
+        let (ok, det) = crate::compare(&format!("chip {r} {what}"), row, &golden(r), tol);
+        if !ok {
+            return (false, det);
+        }
+    }
+    (
+        true,
+        format!(
+            "{} chips: every {what} matches the golden",
+            got.len() / row_len
+        ),
+    )
+}
+
 fn args_err(e: impl std::fmt::Display) -> ExampleError {
     ExampleError::Args(e.to_string())
 }
@@ -193,16 +218,7 @@ pub(crate) fn ffn_tp_parallel_worker(
         .map_err(args_err)?;
     let want = ffn_golden(chips, d);
     let got = f64s(&ys.read::<f32>()?);
-    let mut passed = true;
-    let mut detail = format!("{chips} chips: every y matches the golden");
-    for (r, y) in got.chunks(d * d).enumerate() {
-        let (ok, det) = crate::compare(&format!("chip {r} y"), y, &want, 1e-4);
-        if !ok {
-            passed = false;
-            detail = det;
-            break;
-        }
-    }
+    let (passed, detail) = check_rows(&got, d * d, "y", 1e-4, |_| want.clone());
     let tasks = report.host.stats.tasks;
     drop((xs, ws, ys));
     w.close();
@@ -269,16 +285,7 @@ pub(crate) fn allreduce_distributed_worker(
         .map(|i| (chips * i + 100 * chips * (chips - 1) / 2) as f64)
         .collect();
     let got = f64s(&outs.read::<f32>()?);
-    let mut passed = true;
-    let mut detail = format!("{chips} chips: every out matches the golden");
-    for (r, o) in got.chunks(len).enumerate() {
-        let (ok, det) = crate::compare(&format!("chip {r} out"), o, &want, 1e-6);
-        if !ok {
-            passed = false;
-            detail = det;
-            break;
-        }
-    }
+    let (passed, detail) = check_rows(&got, len, "out", 1e-6, |_| want.clone());
     let tasks = report.host.stats.tasks;
     drop((ins, outs));
     w.close();
@@ -374,16 +381,9 @@ fn collective_worker(
         )
         .map_err(args_err)?;
     let got = f64s(&outs.read::<f32>()?);
-    let mut passed = true;
-    let mut detail = format!("{chips} chips: every output matches the golden");
-    for (r, o) in got.chunks(out_len.max(1)).enumerate() {
-        let (ok, det) = crate::compare(&format!("chip {r}"), o, &(spec.golden)(r, chips, c), 0.0);
-        if !ok {
-            passed = false;
-            detail = det;
-            break;
-        }
-    }
+    let (passed, detail) = check_rows(&got, out_len.max(1), "output", 0.0, |r| {
+        (spec.golden)(r, chips, c)
+    });
     let tasks = report.host.stats.tasks;
     drop((ins, outs));
     w.close();
@@ -597,21 +597,13 @@ fn notify_worker(
         )
         .map_err(args_err)?;
     let got = crate::collectives_ex::f64s(&outs.read::<f32>()?);
-    let mut passed = true;
-    let mut detail = format!("{chips} chips: every result matches the golden");
-    for (r, o) in got.chunks(len).enumerate() {
-        let want: Vec<f64> = if asynchronous {
+    let (passed, detail) = check_rows(&got, len, "result", 0.0, |r| {
+        if asynchronous {
             input(r).iter().map(|&x| 2.0 * f64::from(x) + 1.0).collect()
         } else {
             vec![((r + chips - 1) % chips + 1) as f64; len]
-        };
-        let (ok, det) = crate::compare(&format!("chip {r} result"), o, &want, 0.0);
-        if !ok {
-            passed = false;
-            detail = det;
-            break;
         }
-    }
+    });
     let tasks = report.host.stats.tasks;
     drop((ins, outs));
     w.close();

@@ -50,16 +50,7 @@ fn run(comm: &Comm, json: bool, backend: &str) -> anyhow::Result<()> {
     let w = comm.alloc_window(&WindowSpec::new(max + 64))?;
     let emit = |v: serde_json::Value| {
         if me == 0 {
-            if json {
-                println!("{v}");
-            } else {
-                println!(
-                    "{}",
-                    v.to_string()
-                        .replace(['{', '}', '"'], "")
-                        .replace(',', "  ")
-                );
-            }
+            super::print_line(json, &v);
         }
     };
     // Barrier.
@@ -137,6 +128,16 @@ const ALLREDUCE_SIZES: [usize; 12] = [
     64 << 20,
 ];
 
+/// Prints one allreduce line: `{"bench", "ranks", "bytes", "us", "algbw_GBps"}`.
+fn emit_allreduce(json: bool, bench: &str, ranks: usize, bytes: usize, us: f64) {
+    let l = json!({
+        "bench": bench, "ranks": ranks, "bytes": bytes,
+        "us": (us * 1000.0).round() / 1000.0,
+        "algbw_GBps": ((bytes as f64 / us / 1e3) * 1000.0).round() / 1000.0,
+    });
+    super::print_line(json, &l);
+}
+
 /// Every rank runs this; rank 0 prints one JSON line per size.
 fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<()> {
     let n = comm.size();
@@ -155,21 +156,7 @@ fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<()> {
         })?;
         comm.barrier()?;
         if comm.rank() == 0 {
-            let l = json!({
-                "bench": "allreduce", "ranks": n, "bytes": bytes,
-                "us": (us * 1000.0).round() / 1000.0,
-                "algbw_GBps": ((bytes as f64 / us / 1e3) * 1000.0).round() / 1000.0,
-            });
-            if json {
-                println!("{l}");
-            } else {
-                println!(
-                    "{}",
-                    l.to_string()
-                        .replace(['{', '}', '"'], "")
-                        .replace(',', "  ")
-                );
-            }
+            emit_allreduce(json, "allreduce", n, bytes, us);
         }
     }
     // Data already in a window: no staging copy (the memory-bound path).
@@ -186,21 +173,7 @@ fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<()> {
         })?;
         comm.barrier()?;
         if comm.rank() == 0 {
-            let l = json!({
-                "bench": "allreduce_window", "ranks": n, "bytes": bytes,
-                "us": (us * 1000.0).round() / 1000.0,
-                "algbw_GBps": ((bytes as f64 / us / 1e3) * 1000.0).round() / 1000.0,
-            });
-            if json {
-                println!("{l}");
-            } else {
-                println!(
-                    "{}",
-                    l.to_string()
-                        .replace(['{', '}', '"'], "")
-                        .replace(',', "  ")
-                );
-            }
+            emit_allreduce(json, "allreduce_window", n, bytes, us);
         }
     }
     Ok(())

@@ -46,3 +46,17 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
 }
+
+/// Prints one benchmark line: the JSON object with `--json`, else its `key:value` pairs.
+pub fn print_line(json: bool, v: &serde_json::Value) {
+    if json {
+        println!("{v}");
+    } else {
+        println!(
+            "{}",
+            v.to_string()
+                .replace(['{', '}', '"'], "")
+                .replace(',', "  ")
+        );
+    }
+}

@@ -83,16 +83,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         json!({"bench": "worker_chip_tasks", "tasks": n, "us_per_task": r3(per_task_us)}),
     ];
     for l in lines {
-        if a.json {
-            println!("{l}");
-        } else {
-            println!(
-                "{}",
-                l.to_string()
-                    .replace(['{', '}', '"'], "")
-                    .replace(',', "  ")
-            );
-        }
+        super::print_line(a.json, &l);
     }
     Ok(ExitCode::SUCCESS)
 }
