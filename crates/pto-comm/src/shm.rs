@@ -121,6 +121,20 @@ impl ShmWorld {
         ))))
     }
 
+    /// Waits until every rank has joined, at most `timeout`; true when they all did.
+    pub fn wait_joined(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if (0..self.size()).all(|r| self.world.joined(r)) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Sends `SIGKILL` to the process of rank `rank` (it is reaped by [`ShmWorld::wait`]).
     ///
     /// # Errors

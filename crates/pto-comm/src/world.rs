@@ -116,6 +116,11 @@ impl World {
         state.store(if failed { FAILED } else { EXITED }, Ordering::Release);
     }
 
+    /// True once `rank` has joined (its slot is no longer free).
+    pub(crate) fn joined(&self, rank: usize) -> bool {
+        rank < self.size && self.slot(rank).1.load(Ordering::Acquire) != NOT_JOINED
+    }
+
     /// Marks `rank` failed from outside (a launcher that reaped it).
     pub(crate) fn mark_failed(&self, rank: usize) {
         if rank < self.size {

@@ -46,8 +46,13 @@ fn statuses(world: &mut ShmWorld, timeout: Duration) -> Vec<(usize, Option<i32>)
 #[test]
 fn a_killed_rank_is_named_by_its_peers_within_a_second() {
     let mut world = spawn_world("wait_for_rank2", 3);
-    // Let everyone reach the barrier (rank 2 only sleeps), then kill rank 2.
-    std::thread::sleep(Duration::from_millis(500));
+    // Once every rank has joined (ranks 0 and 1 then enter the barrier; rank 2 only sleeps),
+    // kill rank 2.
+    assert!(
+        world.wait_joined(Duration::from_secs(20)),
+        "ranks did not join"
+    );
+    std::thread::sleep(Duration::from_millis(50));
     world.kill(2).unwrap();
     let killed = Instant::now();
     // Do not reap rank 2 for a second: the survivors must notice a zombie on their own.

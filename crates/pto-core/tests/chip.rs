@@ -13,8 +13,20 @@ use pto_core::{
     RunOptions, TaskArgs, Tensor, TensorError,
 };
 
+/// Set by `fill_flagged` when it starts.
+static FILL_STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn kernels() -> KernelRegistry {
     let mut k = KernelRegistry::new();
+    // As `fill`, but raises FILL_STARTED first.
+    k.register("fill_flagged", CoreKind::Aiv, |ctx| {
+        FILL_STARTED.store(true, Ordering::Release);
+        let v = ctx.scalar::<i64>(0)?;
+        std::thread::sleep(Duration::from_millis(ctx.scalar::<u64>(1).unwrap_or(0)));
+        ctx.output::<i64>(0)?.fill(v);
+        Ok(())
+    })
+    .unwrap();
     // t0 (INOUT i64) += s0
     k.register("add_scalar", CoreKind::Aiv, |ctx| {
         let v = ctx.scalar::<i64>(0)?;
@@ -510,11 +522,13 @@ fn poison_reaches_later_readers_of_a_retired_failed_writer() {
     let err = chip()
         .run(&program(move |o| {
             o.scope(|o| {
-                o.submit("refuse", TaskArgs::new().output_existing(&xx))
-                    .map(|_| ())
+                o.submit("refuse", TaskArgs::new().output_existing(&xx))?;
+                // Wait for it inside the scope (the read fails: it was poisoned), so that the
+                // scope's end retires it.
+                assert!(o.read::<i64>(&xx).is_err());
+                Ok(())
             })?;
-            // Let the failed task retire, then read what it should have written.
-            std::thread::sleep(Duration::from_millis(50));
+            // The failed task has retired; read what it should have written.
             o.submit(
                 "affine",
                 TaskArgs::new().input(&xx).output_existing(&oo).scalar(1i64),
@@ -648,13 +662,18 @@ fn untracked_writers_that_collide_fail_instead_of_racing() {
         .run(&program(move |o| {
             o.manual_scope(|o| {
                 o.submit(
-                    "fill",
+                    "fill_flagged",
                     TaskArgs::new()
                         .output_existing(&xx)
                         .scalar(1i64)
-                        .scalar(200u64),
+                        .scalar(300u64),
                 )?;
-                std::thread::sleep(Duration::from_millis(50));
+                // Submit the second writer only once the first one runs.
+                let t = std::time::Instant::now();
+                while !FILL_STARTED.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(10)
+                {
+                    std::thread::yield_now();
+                }
                 o.submit(
                     "fill",
                     TaskArgs::new()
@@ -684,9 +703,13 @@ fn a_stale_output_handle_is_an_error() {
                         .scalar(0i64),
                 )?
                 .out(0)
+                .and_then(|y| {
+                    // Finished inside the scope, so the scope's end retires it at once.
+                    o.read::<i64>(&y)?;
+                    Ok(y)
+                })
             })?;
-            // Wait until the scope's task retired, then use its output.
-            std::thread::sleep(Duration::from_millis(50));
+            // The scope's task retired: its output is stale.
             o.submit(
                 "affine",
                 TaskArgs::new()
