@@ -140,6 +140,50 @@ fn check_rows(
     )
 }
 
+/// Starts chip program `program` on every chip at once, with the host tensors `ins` (read) and
+/// `outs` (written) as its arguments.
+fn group_run(
+    w: &Worker,
+    chips: usize,
+    program: &'static str,
+    ins: &pto_core::Tensor,
+    outs: &pto_core::Tensor,
+    trace: bool,
+) -> Result<pto_worker::WorkerReport, ExampleError> {
+    let (i2, o2) = (ins.clone(), outs.clone());
+    let all: Vec<usize> = (0..chips).collect();
+    w.run_with(
+        move |h| {
+            h.submit_group(
+                &all,
+                program,
+                TaskArgs::new().input(&i2).output_existing(&o2),
+            )
+            .map(|_| ())
+        },
+        trace,
+    )
+    .map_err(args_err)
+}
+
+/// Closes the Worker and makes the outcome.
+fn finish(
+    w: Worker,
+    report: pto_worker::WorkerReport,
+    t: Instant,
+    (passed, detail): (bool, String),
+) -> Outcome {
+    let tasks = report.host.stats.tasks;
+    w.close();
+    Outcome {
+        passed,
+        detail,
+        wall: t.elapsed(),
+        tasks,
+        events: report.trace_events,
+    }
+}
+
 fn args_err(e: impl std::fmt::Display) -> ExampleError {
     ExampleError::Args(e.to_string())
 }
@@ -219,16 +263,7 @@ pub(crate) fn ffn_tp_parallel_worker(
     let want = ffn_golden(chips, d);
     let got = f64s(&ys.read::<f32>()?);
     let (passed, detail) = check_rows(&got, d * d, "y", 1e-4, |_| want.clone());
-    let tasks = report.host.stats.tasks;
-    drop((xs, ws, ys));
-    w.close();
-    Ok(Outcome {
-        passed,
-        detail,
-        wall: t.elapsed(),
-        tasks,
-        events: report.trace_events,
-    })
+    Ok(finish(w, report, t, (passed, detail)))
 }
 
 /// `allreduce_distributed` through the Worker: the four-phase kernel on each chip's window
@@ -266,36 +301,13 @@ pub(crate) fn allreduce_distributed_worker(
     let ins = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
     let outs = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
     ins.write(&(0..chips).flat_map(|r| input(r, len)).collect::<Vec<_>>())?;
-    let (i2, o2) = (ins.clone(), outs.clone());
-    let all: Vec<usize> = (0..chips).collect();
-    let report = w
-        .run_with(
-            move |h| {
-                h.submit_group(
-                    &all,
-                    "allreduce",
-                    TaskArgs::new().input(&i2).output_existing(&o2),
-                )
-                .map(|_| ())
-            },
-            args.trace,
-        )
-        .map_err(args_err)?;
+    let report = group_run(&w, chips, "allreduce", &ins, &outs, args.trace)?;
     let want: Vec<f64> = (0..len)
         .map(|i| (chips * i + 100 * chips * (chips - 1) / 2) as f64)
         .collect();
     let got = f64s(&outs.read::<f32>()?);
     let (passed, detail) = check_rows(&got, len, "out", 1e-6, |_| want.clone());
-    let tasks = report.host.stats.tasks;
-    drop((ins, outs));
-    w.close();
-    Ok(Outcome {
-        passed,
-        detail,
-        wall: t.elapsed(),
-        tasks,
-        events: report.trace_events,
-    })
+    Ok(finish(w, report, t, (passed, detail)))
 }
 
 /// What one collective example needs to run through the Worker.
@@ -365,35 +377,12 @@ fn collective_worker(
                 .collect::<Vec<_>>(),
         )?;
     }
-    let (i2, o2) = (ins.clone(), outs.clone());
-    let all: Vec<usize> = (0..chips).collect();
-    let report = w
-        .run_with(
-            move |h| {
-                h.submit_group(
-                    &all,
-                    "collective",
-                    TaskArgs::new().input(&i2).output_existing(&o2),
-                )
-                .map(|_| ())
-            },
-            args.trace,
-        )
-        .map_err(args_err)?;
+    let report = group_run(&w, chips, "collective", &ins, &outs, args.trace)?;
     let got = f64s(&outs.read::<f32>()?);
     let (passed, detail) = check_rows(&got, out_len.max(1), "output", 0.0, |r| {
         (spec.golden)(r, chips, c)
     });
-    let tasks = report.host.stats.tasks;
-    drop((ins, outs));
-    w.close();
-    Ok(Outcome {
-        passed,
-        detail,
-        wall: t.elapsed(),
-        tasks,
-        events: report.trace_events,
-    })
+    Ok(finish(w, report, t, (passed, detail)))
 }
 
 fn inp(r: usize, len: usize) -> Vec<f32> {
@@ -581,21 +570,7 @@ fn notify_worker(
         }
     };
     ins.write(&(0..chips).flat_map(input).collect::<Vec<_>>())?;
-    let (i2, o2) = (ins.clone(), outs.clone());
-    let all: Vec<usize> = (0..chips).collect();
-    let report = w
-        .run_with(
-            move |h| {
-                h.submit_group(
-                    &all,
-                    "notify",
-                    TaskArgs::new().input(&i2).output_existing(&o2),
-                )
-                .map(|_| ())
-            },
-            args.trace,
-        )
-        .map_err(args_err)?;
+    let report = group_run(&w, chips, "notify", &ins, &outs, args.trace)?;
     let got = crate::collectives_ex::f64s(&outs.read::<f32>()?);
     let (passed, detail) = check_rows(&got, len, "result", 0.0, |r| {
         if asynchronous {
@@ -604,16 +579,7 @@ fn notify_worker(
             vec![((r + chips - 1) % chips + 1) as f64; len]
         }
     });
-    let tasks = report.host.stats.tasks;
-    drop((ins, outs));
-    w.close();
-    Ok(Outcome {
-        passed,
-        detail,
-        wall: t.elapsed(),
-        tasks,
-        events: report.trace_events,
-    })
+    Ok(finish(w, report, t, (passed, detail)))
 }
 
 /// The domains of `domain_rank_map` (even ranks; the last two, last first) or of
@@ -702,21 +668,7 @@ fn domain_worker(args: &RunArgs, chips: usize, dual: bool) -> Result<Outcome, Ex
     let ins = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
     let outs = w.tensor(&[chips, 2, len], DType::F32).map_err(args_err)?;
     ins.write(&(0..chips).flat_map(|r| inp(r, len)).collect::<Vec<_>>())?;
-    let (i2, o2) = (ins.clone(), outs.clone());
-    let all: Vec<usize> = (0..chips).collect();
-    let report = w
-        .run_with(
-            move |h| {
-                h.submit_group(
-                    &all,
-                    "domains",
-                    TaskArgs::new().input(&i2).output_existing(&o2),
-                )
-                .map(|_| ())
-            },
-            args.trace,
-        )
-        .map_err(args_err)?;
+    let report = group_run(&w, chips, "domains", &ins, &outs, args.trace)?;
     let got = crate::collectives_ex::f64s(&outs.read::<f32>()?);
     let mut passed = true;
     let mut detail = format!("{chips} chips: every (chip, domain) matches the golden");
@@ -748,16 +700,7 @@ fn domain_worker(args: &RunArgs, chips: usize, dual: bool) -> Result<Outcome, Ex
             }
         }
     }
-    let tasks = report.host.stats.tasks;
-    drop((ins, outs));
-    w.close();
-    Ok(Outcome {
-        passed,
-        detail,
-        wall: t.elapsed(),
-        tasks,
-        events: report.trace_events,
-    })
+    Ok(finish(w, report, t, (passed, detail)))
 }
 
 pub(crate) fn domain_rank_map_worker(
