@@ -41,6 +41,57 @@ const MAX_BUFFERS: usize = 64;
 const BOOT_MSG: usize = 2048;
 const BOOT_MSG_CAP: usize = 1024;
 
+/// Bytes of the bootstrap record (offsets 1024 to 4096 of the mailbox).
+pub const BOOT_RECORD: usize = DATA - BOOT;
+
+/// Decodes a bootstrap record (the bytes from offset 1024 of a mailbox): `None` while its state
+/// is IDLE, the facts on SUCCESS, the message on ERROR. Every count and length is checked, so
+/// any bytes give a result or an error, never a panic.
+///
+/// # Errors
+///
+/// The record says ERROR (its message), or it is corrupt.
+pub fn decode_boot(rec: &[u8]) -> Result<Option<BootFacts>, String> {
+    let u32_at = |o: usize| -> Result<u32, String> {
+        rec.get(o..o + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(|| format!("bootstrap record too short for a word at {o}"))
+    };
+    let u64_at = |o: usize| -> Result<u64, String> {
+        rec.get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .ok_or_else(|| format!("bootstrap record too short for a word at {o}"))
+    };
+    match u32_at(0)? {
+        0 => Ok(None),
+        1 => {
+            let n = u32_at(24)? as usize;
+            if n > MAX_BUFFERS {
+                return Err(format!("corrupt bootstrap record: {n} buffers"));
+            }
+            Ok(Some(BootFacts {
+                rank: u32_at(8)?,
+                size: u32_at(12)?,
+                window_bytes: u64_at(16)?,
+                buffer_offsets: (0..n)
+                    .map(|i| u64_at(BOOT_OFFSETS - BOOT + 8 * i))
+                    .collect::<Result<_, _>>()?,
+            }))
+        }
+        2 => {
+            let len = (u32_at(28)? as usize).min(BOOT_MSG_CAP);
+            let start = BOOT_MSG - BOOT;
+            let b = rec
+                .get(start..start + len)
+                .ok_or("bootstrap record too short for its message")?;
+            Err(String::from_utf8_lossy(b).into_owned())
+        }
+        s => Err(format!("corrupt bootstrap record: state {s}")),
+    }
+}
+
 const IDLE: u32 = 0;
 const TASK: u32 = 1;
 const DONE: u32 = 2;
@@ -226,31 +277,23 @@ impl Mailbox {
     ///
     /// The child reported an error (its message), or the record is corrupt.
     pub fn boot_result(&self) -> Result<Option<BootFacts>, String> {
-        match self.w32(BOOT).load(Ordering::Acquire) {
-            0 => Ok(None),
-            1 => {
-                let n = self.w32(BOOT + 24).load(Ordering::Relaxed) as usize;
-                if n > MAX_BUFFERS {
-                    return Err(format!("corrupt bootstrap record: {n} buffers"));
-                }
-                Ok(Some(BootFacts {
-                    rank: self.w32(BOOT + 8).load(Ordering::Relaxed),
-                    size: self.w32(BOOT + 12).load(Ordering::Relaxed),
-                    window_bytes: self.w64(BOOT + 16).load(Ordering::Relaxed),
-                    buffer_offsets: (0..n)
-                        .map(|i| self.w64(BOOT_OFFSETS + 8 * i).load(Ordering::Relaxed))
-                        .collect(),
-                }))
-            }
-            2 => {
-                let len = (self.w32(BOOT + 28).load(Ordering::Relaxed) as usize).min(BOOT_MSG_CAP);
-                let b = self
-                    .read_bytes(BOOT_MSG, BOOT_MSG_CAP, len)
-                    .map_err(|e| e.to_string())?;
-                Err(String::from_utf8_lossy(&b).into_owned())
-            }
-            s => Err(format!("corrupt bootstrap record: state {s}")),
+        // The state word is read with acquire first; the rest of the record is plain data the
+        // child wrote before it released the state.
+        let state = self.w32(BOOT).load(Ordering::Acquire);
+        if state == 0 {
+            return Ok(None);
         }
+        let mut rec = vec![0u8; BOOT_RECORD];
+        // SAFETY: the record area lies inside the segment; the child finished writing it before
+        // it released the state word we acquired.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.seg.as_ptr().add(BOOT),
+                rec.as_mut_ptr(),
+                BOOT_RECORD,
+            )
+        };
+        decode_boot(&rec)
     }
 
     // ---- child side ----
@@ -340,5 +383,37 @@ impl Mailbox {
         self.w64(296).store(ident.generation, Ordering::Relaxed);
         self.w32(256).store(TASK, Ordering::SeqCst);
         wake(self.w32(256), self.w32(264));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn records_round_trip_through_a_mailbox() {
+        let mb = Mailbox::create("mbtest").unwrap();
+        assert_eq!(mb.boot_result(), Ok(None));
+        let facts = BootFacts {
+            rank: 2,
+            size: 4,
+            window_bytes: 4096,
+            buffer_offsets: vec![0, 64, 128],
+        };
+        mb.boot_success(&facts);
+        assert_eq!(mb.boot_result(), Ok(Some(facts)));
+        let mb = Mailbox::create("mbtest2").unwrap();
+        mb.boot_error(1, &"x".repeat(5000));
+        let e = mb.boot_result().unwrap_err();
+        assert_eq!(e.len(), 1024);
+    }
+
+    proptest! {
+        /// Any bytes decode to a record or an error, never a panic.
+        #[test]
+        fn decoding_random_records_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..BOOT_RECORD)) {
+            let _ = decode_boot(&bytes);
+        }
     }
 }
