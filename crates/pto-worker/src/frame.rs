@@ -227,7 +227,11 @@ impl Frame {
             2 => FrameKind::Worker,
             k => return Err(r.err(format!("unknown frame kind {k}"))),
         };
-        let trace = r.u8()? != 0;
+        let trace = match r.u8()? {
+            0 => false,
+            1 => true,
+            t => return Err(r.err(format!("trace flag {t}"))),
+        };
         let index = r.u32()?;
         let nt = r.u32()? as usize;
         if nt > MAX_ARGS {
