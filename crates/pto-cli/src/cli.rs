@@ -29,8 +29,6 @@ pub enum Command {
     Rank {
         /// The job.
         job: String,
-        /// Its argument.
-        arg: Option<String>,
     },
 }
 

@@ -1,14 +1,10 @@
 //! Every example at several rank counts on every backend it supports, checked against its
-//! golden. `harness = false` with one thread: the Worker examples fork, and shm ranks re-run
-//! this binary as rank processes.
-
-use std::process::{Command, Stdio};
+//! golden. `harness = false` with one thread: on processes the examples run through the
+//! Worker, which forks.
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use pto_comm::Backend;
 use pto_examples::{dist, RunArgs, EXAMPLES};
-
-const CHILD: &str = "PTO_EXAMPLE_CHILD";
 
 fn run(name: &'static str, backend: Backend, ranks: usize) -> Result<(), Failed> {
     let ex = pto_examples::find(name).ok_or("no such example")?;
@@ -18,15 +14,7 @@ fn run(name: &'static str, backend: Backend, ranks: usize) -> Result<(), Failed>
         cores: (1, 2),
         backend,
     };
-    let exe = std::env::current_exe()?;
-    let command = move |_r: usize| {
-        let mut c = Command::new(&exe);
-        c.env(CHILD, name)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        c
-    };
-    let out = dist::run(ex, &args, ranks, &command).map_err(|e| e.to_string())?;
+    let out = dist::run(ex, &args, ranks).map_err(|e| e.to_string())?;
     if out.passed {
         Ok(())
     } else {
@@ -35,9 +23,6 @@ fn run(name: &'static str, backend: Backend, ranks: usize) -> Result<(), Failed>
 }
 
 fn main() {
-    if let Ok(name) = std::env::var(CHILD) {
-        std::process::exit(dist::rank_main(&name));
-    }
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
     let mut trials = Vec::new();

@@ -22,13 +22,9 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(a) => bench::bench(&a),
         Command::Clean(a) => clean::clean(&a),
-        Command::Rank { job, arg } => match job.as_str() {
+        Command::Rank { job } => match job.as_str() {
             "bench-comm" => comm_bench::rank_main(false),
             "bench-allreduce" => comm_bench::rank_main(true),
-            "example" => {
-                let code = pto_examples::dist::rank_main(arg.as_deref().unwrap_or(""));
-                Ok(ExitCode::from(code.clamp(0, 255) as u8))
-            }
             other => anyhow::bail!("unknown rank job {other:?}"),
         },
         Command::Env => {

@@ -1,6 +1,6 @@
 //! `pto run <example>`.
 
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use pto_comm::Backend;
@@ -29,23 +29,13 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
         cores: (a.aic, a.aiv),
         backend,
     };
-    let exe = std::env::current_exe().context("locating the pto binary")?;
-    let name = ex.name;
-    let command = move |_rank: usize| {
-        let mut c = Command::new(&exe);
-        c.args(["__rank", "example", name])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        c
-    };
     // Progress on a terminal only: quiet when output goes to a file or a pipe.
     use std::io::IsTerminal;
     let tty = std::io::stderr().is_terminal() && !a.json;
     if tty {
         eprint!("running {} on {} rank(s)...", ex.name, a.ranks);
     }
-    let result = pto_examples::dist::run(ex, &args, a.ranks, &command);
+    let result = pto_examples::dist::run(ex, &args, a.ranks);
     if tty {
         eprint!("\r\x1b[2K");
     }
