@@ -11,6 +11,21 @@
 //! * [`process`]: process identity (pid plus start time) and liveness.
 //! * [`sweep`]: finds and removes segments whose creator died.
 //!
+//! ```
+//! use std::sync::atomic::Ordering;
+//! use std::time::{Duration, Instant};
+//! use pto_shm::{HeaderInit, Segment, HEADER_LEN};
+//!
+//! // The creator owns the name (and unlinks it when dropped); a joiner validates the header.
+//! let name = Segment::fresh_name("doc");
+//! let owner = Segment::create(&name, HEADER_LEN + 64, HeaderInit { nranks: 2, ..HeaderInit::default() })?;
+//! let joiner = Segment::open(&name, Instant::now() + Duration::from_secs(1))?;
+//! assert_eq!(joiner.header().nranks, 2);
+//! owner.atomic_u32(HEADER_LEN).store(7, Ordering::Release);
+//! assert_eq!(joiner.atomic_u32(HEADER_LEN).load(Ordering::Acquire), 7);
+//! # Ok::<(), pto_shm::ShmError>(())
+//! ```
+//!
 //! Design notes: `docs/design/shm-segments.md` and `docs/design/barrier.md`.
 
 #![warn(missing_docs)]

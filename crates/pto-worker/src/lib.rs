@@ -8,6 +8,41 @@
 //! Host tensors live in shared memory ([`Worker::tensor`]), so children read and write them in
 //! place.
 //!
+//! ```
+//! use pto_core::{CoreKind, DType, KernelRegistry, TaskArgs};
+//! use pto_worker::Worker;
+//!
+//! let mut kernels = KernelRegistry::new();
+//! kernels.register("double", CoreKind::Aiv, |ctx| {
+//!     let x = ctx.input::<f32>(0)?.to_vec();
+//!     ctx.output::<f32>(1)?.assign(&x.iter().map(|v| 2.0 * v).collect::<Vec<_>>())?;
+//!     Ok(())
+//! })?;
+//! // Two chips, each a forked process (this doctest's process is single-threaded).
+//! let w = Worker::builder()
+//!     .chips(2)
+//!     .no_comm()
+//!     .program("double", kernels, |o, call| {
+//!         o.submit("double", TaskArgs::new().input(call.tensor(0)?).output_existing(call.tensor(1)?))?;
+//!         Ok(())
+//!     })
+//!     .init()?;
+//! let x = w.tensor(&[3], DType::F32)?;
+//! x.write(&[1.0f32, 2.0, 3.0])?;
+//! let (y0, y1) = (w.tensor(&[3], DType::F32)?, w.tensor(&[3], DType::F32)?);
+//! let (xa, a, b) = (x.clone(), y0.clone(), y1.clone());
+//! w.run(move |h| {
+//!     // Both chips read x; each writes its own output. Both tasks run at once.
+//!     h.submit_chip(0, "double", TaskArgs::new().input(&xa).output_existing(&a))?;
+//!     h.submit_chip(1, "double", TaskArgs::new().input(&xa).output_existing(&b))?;
+//!     Ok(())
+//! })?;
+//! assert_eq!(y0.read::<f32>()?, vec![2.0, 4.0, 6.0]);
+//! assert_eq!(y1.read::<f32>()?, vec![2.0, 4.0, 6.0]);
+//! w.close();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! ## Forking safely
 //!
 //! The Worker forks every child **before any thread exists** in the process: [`WorkerBuilder::init`]
