@@ -245,7 +245,7 @@ impl ChipBuilder {
                 run_gen: 0,
                 shutdown: false,
                 sleeping: 0,
-                orch_waiting: false,
+                orch_wake_at: None,
                 broken: None,
                 polling: false,
             }),
@@ -284,7 +284,10 @@ struct ChipState {
     run_gen: u64,
     shutdown: bool,
     sleeping: usize,
-    orch_waiting: bool,
+    /// While the orchestrating thread waits: wake it once `dag.finished` reaches this. It asks
+    /// for a batch of completions where one would not let it progress (a full ring, the end of
+    /// a run), so a serial chain costs one wake-up per batch instead of one per task.
+    orch_wake_at: Option<u64>,
     broken: Option<String>,
     /// A thread is polling the async wait list.
     polling: bool,
@@ -304,6 +307,16 @@ struct Shared {
 }
 
 impl Shared {
+    /// Wakes the waiting orchestrating thread if what it asked for has finished, or if the
+    /// cores are out of ready work (then it should refill them now).
+    fn wake_orch(&self, st: &ChipState) {
+        if let (Some(at), Some(dag)) = (st.orch_wake_at, st.dag.as_ref()) {
+            if dag.finished >= at || dag.outstanding == 0 || !dag.has_dispatchable() {
+                self.orch_cv.notify_one();
+            }
+        }
+    }
+
     /// After queuing work: if a block could be dispatched now, let spinning threads see it and
     /// wake a parked one. Nothing happens when there is nothing to take, so idle threads stay
     /// parked while one thread runs a serial chain.
@@ -428,9 +441,7 @@ fn worker_main(shared: &Shared) {
                 }
                 // No kick here: this thread takes the next block itself; it kicks others only
                 // if more is dispatchable after that.
-                if st.orch_waiting {
-                    shared.orch_cv.notify_one();
-                }
+                shared.wake_orch(&st);
             }
             continue;
         }
@@ -445,9 +456,7 @@ fn worker_main(shared: &Shared) {
                 idle_polls = 0;
                 // No kick: this thread takes the released work itself at the top of the loop
                 // and kicks others only if more is dispatchable.
-                if st.orch_waiting {
-                    shared.orch_cv.notify_one();
-                }
+                shared.wake_orch(&st);
                 continue;
             }
             if st.dag.as_ref().is_some_and(Dag::has_waiting) {
@@ -609,11 +618,12 @@ impl Chip {
                 });
                 continue;
             }
-            st.orch_waiting = true;
+            // Only the last completion matters here; the timeout drives the stall watchdog.
+            st.orch_wake_at = Some(dag.finished + dag.outstanding as u64);
             self.shared
                 .orch_cv
                 .wait_for(&mut st, Duration::from_millis(100).min(stall));
-            st.orch_waiting = false;
+            st.orch_wake_at = None;
         }
         let mut dag = st.dag.take();
         drop(st);
@@ -735,9 +745,16 @@ impl Orch<'_> {
                             what,
                         });
                     };
-                    st.orch_waiting = true;
-                    self.shared.orch_cv.wait_for(&mut st, left);
-                    st.orch_waiting = false;
+                    // Low-water mark: come back when half of what is in flight has finished,
+                    // then refill the ring in one go.
+                    let (done, in_flight) = (dag.finished, dag.outstanding as u64);
+                    // The cap bounds the cost of a threshold that progress elsewhere (a kernel
+                    // waiting on a peer) keeps from being reached.
+                    st.orch_wake_at = Some(done + (in_flight / 2).max(1));
+                    self.shared
+                        .orch_cv
+                        .wait_for(&mut st, left.min(Duration::from_millis(1)));
+                    st.orch_wake_at = None;
                 }
             }
         }
@@ -839,9 +856,10 @@ impl Orch<'_> {
                 });
                 continue;
             }
-            st.orch_waiting = true;
+            let done = dag_mut(&mut st)?.finished;
+            st.orch_wake_at = Some(done + 1);
             self.shared.orch_cv.wait_for(&mut st, left);
-            st.orch_waiting = false;
+            st.orch_wake_at = None;
         }
     }
 

@@ -85,8 +85,30 @@ fn kernels() -> KernelRegistry {
     })
     .unwrap();
     k.register("nop", CoreKind::Aiv, |_ctx| Ok(())).unwrap();
+    // Waits (inside the kernel, as a kernel waiting on a peer's signal does) until `set_peer`
+    // has run, then fills t0 with 7.
+    k.register("wait_peer", CoreKind::Aiv, |ctx| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !PEER_FLAG.load(Ordering::Acquire) {
+            if std::time::Instant::now() > deadline {
+                return Err(KernelError::msg("set_peer never ran"));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        ctx.output::<i64>(0)?.fill(7);
+        Ok(())
+    })
+    .unwrap();
+    k.register("set_peer", CoreKind::Aiv, |_ctx| {
+        PEER_FLAG.store(true, Ordering::Release);
+        Ok(())
+    })
+    .unwrap();
     k
 }
+
+/// Raised by `set_peer`, awaited by `wait_peer`.
+static PEER_FLAG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn chip() -> Chip {
     Chip::builder()
@@ -279,6 +301,60 @@ fn scopes_recycle_ring_memory_under_back_pressure() {
     assert_eq!(report.stats.tasks, 1000);
     assert!(report.stats.peak_ring_bytes <= 64 << 10);
     assert!(report.stats.peak_ring_tasks < 16);
+}
+
+#[test]
+fn a_full_ring_refills_as_soon_as_a_slot_frees_while_a_kernel_waits_on_a_later_task() {
+    // The ring (scope depth 1, window 5) holds 4 live tasks: `fill`, then `wait_peer` and its two
+    // readers. `set_peer` fits only once `fill` retires, and `wait_peer` (hence its readers)
+    // finishes only after `set_peer` ran. The orchestrating thread, blocked on the full ring,
+    // must come back for that one slot.
+    PEER_FLAG.store(false, Ordering::Release);
+    let chip = Chip::builder()
+        .aiv_cores(2)
+        .aic_cores(0)
+        .threads(2)
+        .ring_task_window(5)
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let report = chip
+        .run(&program(|o| {
+            o.scope(|o| {
+                // Sleeps 20 ms, so the ring is full before it retires.
+                o.submit(
+                    "fill",
+                    TaskArgs::new()
+                        .output(&[4], DType::I64)
+                        .scalar(1i64)
+                        .scalar(20u64),
+                )?;
+                Ok(())
+            })?;
+            o.scope(|o| {
+                let b = o
+                    .submit("wait_peer", TaskArgs::new().output(&[4], DType::I64))?
+                    .out(0)?;
+                for _ in 0..2 {
+                    o.submit(
+                        "affine",
+                        TaskArgs::new()
+                            .input(&b)
+                            .output(&[4], DType::I64)
+                            .scalar(1i64),
+                    )?;
+                }
+                Ok(())
+            })?;
+            o.scope(|o| {
+                o.submit("set_peer", TaskArgs::new())?;
+                Ok(())
+            })
+        }))
+        .unwrap();
+    assert_eq!(report.stats.tasks, 5);
+    assert_eq!(report.stats.peak_ring_tasks, 4, "the ring was never full");
+    assert!(PEER_FLAG.load(Ordering::Acquire));
 }
 
 #[test]
