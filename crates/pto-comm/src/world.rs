@@ -302,18 +302,24 @@ impl World {
     }
 }
 
-/// Creates a world control segment for `size` ranks.
-pub(crate) fn create_world(
-    size: usize,
-    provider: Provider,
-    timeout: Duration,
-) -> Result<World, CommError> {
+/// A world has 1 to `MAX_RANKS` ranks.
+fn check_size(size: usize) -> Result<(), CommError> {
     if size == 0 || size > MAX_RANKS {
         return Err(CommError::BadSize {
             size,
             max: MAX_RANKS,
         });
     }
+    Ok(())
+}
+
+/// Creates a world control segment for `size` ranks.
+pub(crate) fn create_world(
+    size: usize,
+    provider: Provider,
+    timeout: Duration,
+) -> Result<World, CommError> {
+    check_size(size)?;
     let init = HeaderInit {
         kind: segment_kind::WORLD,
         nranks: size as u32,
@@ -350,12 +356,7 @@ pub(crate) fn open_world(
     size: usize,
     timeout: Duration,
 ) -> Result<World, CommError> {
-    if size == 0 || size > MAX_RANKS {
-        return Err(CommError::BadSize {
-            size,
-            max: MAX_RANKS,
-        });
-    }
+    check_size(size)?;
     if rank >= size {
         return Err(CommError::BadRank { rank, size });
     }

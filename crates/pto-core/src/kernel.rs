@@ -429,17 +429,23 @@ impl<'a> KernelCtx<'a> {
         self.deferred
     }
 
-    fn register(&self, c: Box<dyn Condition>, deadline: Instant) -> Result<(), KernelError> {
+    /// The registrations, when the task is deferred and has room for one more.
+    fn registrations_with_room(&self) -> Result<std::cell::RefMut<'_, Registrations>, KernelError> {
         if !self.deferred {
             return Err(KernelError::NotDeferred { task: self.task });
         }
-        let mut r = self.regs.borrow_mut();
+        let r = self.regs.borrow_mut();
         if r.conds.len() + r.tokens as usize >= MAX_CONDITIONS {
             return Err(KernelError::TooManyConditions {
                 task: self.task,
                 max: MAX_CONDITIONS,
             });
         }
+        Ok(r)
+    }
+
+    fn register(&self, c: Box<dyn Condition>, deadline: Instant) -> Result<(), KernelError> {
+        let mut r = self.registrations_with_room()?;
         r.conds.push((c, deadline));
         Ok(())
     }
@@ -472,16 +478,7 @@ impl<'a> KernelCtx<'a> {
     ///
     /// As [`KernelCtx::defer`].
     pub fn defer_token(&self) -> Result<CompletionToken, KernelError> {
-        if !self.deferred {
-            return Err(KernelError::NotDeferred { task: self.task });
-        }
-        let mut r = self.regs.borrow_mut();
-        if r.conds.len() + r.tokens as usize >= MAX_CONDITIONS {
-            return Err(KernelError::TooManyConditions {
-                task: self.task,
-                max: MAX_CONDITIONS,
-            });
-        }
+        let mut r = self.registrations_with_room()?;
         r.tokens += 1;
         let d = Instant::now() + self.wait;
         r.token_deadline = Some(r.token_deadline.map_or(d, |x| x.min(d)));
