@@ -91,12 +91,6 @@ fn serve(
     cache: &SegmentCache,
     bytes: &[u8],
 ) -> Outcome {
-    let fail = |status: u32, message: String| Outcome {
-        status,
-        tasks: 0,
-        message,
-        trace: String::new(),
-    };
     let f = match Frame::decode(bytes) {
         Ok(f) => f,
         Err(e) => return fail(2, e.to_string()),
@@ -151,16 +145,7 @@ fn serve(
                 tensors,
                 scalars: scalars(&f),
             };
-            match catch_unwind(AssertUnwindSafe(|| func(w, &call))) {
-                Ok(Ok(())) => Outcome {
-                    status: 0,
-                    tasks: 1,
-                    message: String::new(),
-                    trace: String::new(),
-                },
-                Ok(Err(m)) => fail(1, m),
-                Err(p) => fail(1, format!("panicked: {}", panic_text(&*p))),
-            }
+            host_call(|| func(w, &call))
         }
         (FrameKind::Sub, None) if inner.is_none() => {
             let Some((_, func)) = spec.subs_fns.get(f.index as usize) else {
@@ -170,16 +155,7 @@ fn serve(
                 tensors,
                 scalars: scalars(&f),
             };
-            match catch_unwind(AssertUnwindSafe(|| func(&call))) {
-                Ok(Ok(())) => Outcome {
-                    status: 0,
-                    tasks: 1,
-                    message: String::new(),
-                    trace: String::new(),
-                },
-                Ok(Err(m)) => fail(1, m),
-                Err(p) => fail(1, format!("panicked: {}", panic_text(&*p))),
-            }
+            host_call(|| func(&call))
         }
         (k, _) => fail(2, format!("a {k:?} frame sent to the wrong kind of child")),
     }
@@ -349,4 +325,29 @@ pub(crate) fn child_main(
     drop(inner);
     drop(cache);
     pto_shm::process::exit_now(0)
+}
+
+/// Runs one host-side function (a sub-worker's or a child Worker's): one task, its error or
+/// panic as the failure message.
+fn host_call(call: impl FnOnce() -> Result<(), String>) -> Outcome {
+    match catch_unwind(AssertUnwindSafe(call)) {
+        Ok(Ok(())) => Outcome {
+            status: 0,
+            tasks: 1,
+            message: String::new(),
+            trace: String::new(),
+        },
+        Ok(Err(m)) => fail(1, m),
+        Err(p) => fail(1, format!("panicked: {}", panic_text(&*p))),
+    }
+}
+
+/// A frame that failed: `status` 1 for the work itself, 2 for the frame or the child.
+fn fail(status: u32, message: String) -> Outcome {
+    Outcome {
+        status,
+        tasks: 0,
+        message,
+        trace: String::new(),
+    }
 }
