@@ -258,6 +258,9 @@ impl Collectives {
         op: ReduceOp,
         algo: Algorithm,
     ) -> Result<(), CommError> {
+        if self.w.native().is_some() {
+            return self.native_allreduce(data, op);
+        }
         let algo = match algo {
             Algorithm::Auto if std::mem::size_of_val(data) <= MESH_MAX_BYTES || self.n() <= 2 => {
                 Algorithm::Mesh
@@ -473,6 +476,11 @@ impl Collectives {
                 size: w.len(),
             });
         }
+        if self.w.native().is_some() {
+            let mut v: Vec<T> = w.get_vec(me, offset, count)?;
+            self.native_allreduce(&mut v, op)?;
+            return w.put(me, offset, bytemuck::cast_slice(&v));
+        }
         // Everyone's input is in place.
         let e = self.next_epoch();
         self.ready(e)?;
@@ -524,6 +532,10 @@ impl Collectives {
                 why: format!("has {} elements, needs {} ranks × {k}", out.len(), n),
             });
         }
+        if let Some(m) = self.w.native() {
+            let d = self.comm().deadline();
+            return m.allgather(bytemuck::cast_slice(mine), bytemuck::cast_slice_mut(out), d);
+        }
         let step = self.elems::<T>().max(1);
         let mut start = 0;
         loop {
@@ -557,6 +569,12 @@ impl Collectives {
     ) -> Result<Vec<T>, CommError> {
         let (me, n) = (self.me(), self.n());
         let mine = block_range(data.len(), me as u32, n as u32);
+        if self.w.native().is_some() {
+            // Shares may differ in length by one, so not MPI_Reduce_scatter_block.
+            let mut all = data.to_vec();
+            self.native_allreduce(&mut all, op)?;
+            return Ok(all[mine].to_vec());
+        }
         let mut out = Vec::with_capacity(mine.len());
         let step = self.elems::<T>().max(1);
         let mut start = 0;
@@ -605,6 +623,10 @@ impl Collectives {
                 size: self.n(),
             });
         }
+        if let Some(m) = self.w.native() {
+            let d = self.comm().deadline();
+            return m.broadcast(bytemuck::cast_slice_mut(data), root, d);
+        }
         let step = self.elems::<T>().max(1);
         let mut start = 0;
         loop {
@@ -650,6 +672,16 @@ impl Collectives {
             });
         }
         let k = send.len() / n;
+        if let Some(m) = self.w.native() {
+            let d = self.comm().deadline();
+            let block = k * std::mem::size_of::<T>();
+            return m.all_to_all(
+                bytemuck::cast_slice(send),
+                bytemuck::cast_slice_mut(recv),
+                block,
+                d,
+            );
+        }
         let me = self.me();
         // Pieces of each block, so that n pieces fit the staging area.
         let step = (self.elems::<T>() / n.max(1)).max(1);
@@ -686,7 +718,41 @@ impl Collectives {
     ///
     /// A communication error.
     pub fn barrier(&self) -> Result<(), CommError> {
+        if let Some(m) = self.w.native() {
+            return m.barrier(self.comm().deadline());
+        }
         let e = self.next_epoch();
         self.ready(e)
+    }
+
+    /// MPI's own allreduce (RMA windows: peers are not mapped). Types MPI cannot reduce
+    /// (f16, bf16) are gathered and combined in rank order, the same on every rank.
+    fn native_allreduce<T: Reducible>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let Some(m) = self.w.native() else {
+            return Ok(());
+        };
+        let d = self.comm().deadline();
+        if crate::mpi::native_dtype(T::DTYPE) {
+            return m.allreduce(bytemuck::cast_slice_mut(data), T::DTYPE, op, d);
+        }
+        let (n, len) = (self.n(), data.len());
+        let mut all = vec![T::zeroed(); n * len];
+        m.allgather(
+            bytemuck::cast_slice(data),
+            bytemuck::cast_slice_mut(&mut all),
+            d,
+        )?;
+        for (i, x) in data.iter_mut().enumerate() {
+            let mut a = all[i];
+            for p in 1..n {
+                a = T::combine(a, all[p * len + i], op);
+            }
+            *x = a;
+        }
+        Ok(())
     }
 }

@@ -12,6 +12,7 @@ use pto_shm::segment_kind;
 use pto_shm::wait::WaitError;
 use pto_shm::{HeaderInit, Segment};
 
+use crate::region::Region;
 use crate::window::{Window, WindowSpec};
 use crate::world::World;
 use crate::{Backend, CommError};
@@ -53,7 +54,7 @@ pub(crate) struct CommInner {
     /// This rank's dense rank.
     pub(crate) rank: usize,
     /// Where this communicator's barrier lives (the world segment, or the domain's).
-    ctrl: Arc<Segment>,
+    ctrl: Region,
     barrier_off: usize,
     /// Offset of the two pair-barrier flag lines in `ctrl` (used when the size is 2).
     pair_off: usize,
@@ -62,6 +63,8 @@ pub(crate) struct CommInner {
     /// Names of segments derived from this communicator start with this key.
     pub(crate) key: String,
     window_seq: Mutex<u64>,
+    /// The MPI communicator (mpi backend).
+    pub(crate) mpi: Option<Arc<crate::mpi::MpiComm>>,
 }
 
 /// A rank's communicator: its rank and size, a barrier, domains, and symmetric windows.
@@ -122,6 +125,7 @@ impl Comm {
                 epoch: std::sync::atomic::AtomicU32::new(0),
                 key: w.prefix.clone(),
                 window_seq: Mutex::new(0),
+                mpi: w.mpi().cloned(),
                 guard,
             }),
         }
@@ -214,6 +218,9 @@ impl Comm {
     pub fn barrier(&self) -> Result<(), CommError> {
         let w = self.world_ref();
         w.check_abort()?;
+        if let Some(m) = &self.inner.mpi {
+            return m.barrier(w.deadline());
+        }
         if self.size() == 2 {
             return self.pair_barrier();
         }
@@ -304,6 +311,9 @@ impl Comm {
         let n = list.len();
         // Domain control: barrier at 256, pair-barrier flags at 384, member list at 512.
         let len = 512 + 4 * n;
+        if let Some(wm) = w.mpi() {
+            return self.mpi_domain(wm, list, rank, seq, name, len);
+        }
         let ctrl = if rank == 0 {
             let seg = w.create(
                 &name,
@@ -319,7 +329,7 @@ impl Comm {
                 seg.atomic_u32(512 + 4 * i)
                     .store(m, std::sync::atomic::Ordering::Release);
             }
-            seg
+            Region::from(seg)
         } else {
             let seg = w.open(&name, me, list[0], w.deadline())?;
             let h = seg.header();
@@ -331,7 +341,7 @@ impl Comm {
                     ours: n as u64,
                 });
             }
-            seg
+            Region::from(seg)
         };
         let dom = Comm {
             inner: Arc::new(CommInner {
@@ -344,6 +354,7 @@ impl Comm {
                 epoch: std::sync::atomic::AtomicU32::new(0),
                 key: name.clone(),
                 window_seq: Mutex::new(0),
+                mpi: None,
             }),
         };
         // Everyone joined (the creator's list is published before its barrier arrival).
@@ -367,6 +378,52 @@ impl Comm {
             w.forget(&name);
         }
         Ok(dom)
+    }
+
+    /// A domain of an MPI job: an MPI communicator over the members
+    /// (`MPI_Comm_create_group`, called by the members only); its control words are shared
+    /// memory on one node and this rank's own otherwise (its barrier is MPI's).
+    fn mpi_domain(
+        &self,
+        wm: &crate::mpi::MpiComm,
+        list: Vec<u32>,
+        rank: usize,
+        seq: u64,
+        name: String,
+        len: usize,
+    ) -> Result<Comm, CommError> {
+        let w = self.world_ref();
+        let hash = hash_members(&list);
+        let m = Arc::new(wm.create_group(&list, hash ^ seq)?);
+        let (lo, hi) = m.min_max(hash, w.deadline())?;
+        if lo != hi {
+            return Err(CommError::BadDomain {
+                members: list.iter().map(|&r| r as usize).collect(),
+                why: "the members passed different lists".into(),
+            });
+        }
+        let ctrl = match m.mode() {
+            crate::mpi::Mode::Shared => m.shared_alloc(name.clone(), len, rank, w.deadline())?,
+            crate::mpi::Mode::Rma => Region::from(Arc::new(Segment::anonymous(
+                &name,
+                len,
+                HeaderInit::default(),
+            )?)),
+        };
+        Ok(Comm {
+            inner: Arc::new(CommInner {
+                guard: self.inner.guard.clone(),
+                members: list,
+                rank,
+                ctrl,
+                barrier_off: 256,
+                pair_off: 384,
+                epoch: std::sync::atomic::AtomicU32::new(0),
+                key: name,
+                window_seq: Mutex::new(0),
+                mpi: Some(m),
+            }),
+        })
     }
 
     /// Allocates a symmetric window: `spec.bytes` on every member, zeroed, with its named

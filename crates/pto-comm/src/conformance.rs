@@ -409,7 +409,8 @@ fn collectives(c: &Comm) -> Result<(), String> {
 
 fn size_mismatch(c: &Comm) -> Result<(), String> {
     // Rank 1 asks for another size: rank 1 gets a mismatch naming both sizes, and every other
-    // rank fails instead of hanging (rank 1 aborts). This leaves the world aborted.
+    // rank fails instead of hanging (rank 1 aborts; on MPI, every rank gets the mismatch).
+    // This leaves a shm or local world aborted.
     let bytes = if c.rank() == 1 { 256 } else { 128 };
     match c.alloc_window(&WindowSpec::new(bytes)) {
         Err(CommError::Mismatch {
@@ -417,6 +418,12 @@ fn size_mismatch(c: &Comm) -> Result<(), String> {
             ours: 256,
             ..
         }) if c.rank() == 1 => Ok(()),
+        // On MPI the members agree on the size before allocating: everyone gets the mismatch.
+        Err(CommError::Mismatch {
+            theirs: 256,
+            ours: 128,
+            ..
+        }) if c.rank() != 1 && c.backend() == crate::Backend::Mpi => Ok(()),
         Err(CommError::Aborted { rank: 1, message }) if c.rank() != 1 => {
             ensure(message.contains("128") && message.contains("256"), || {
                 format!("abort message {message:?}")

@@ -130,6 +130,26 @@ pub enum CommError {
         /// The pid that holds it.
         pid: u32,
     },
+    /// An MPI call failed (`mpi` backend).
+    #[error("rank {rank}: {call} failed: {message} (MPI error {code})")]
+    Mpi {
+        /// World rank of the caller.
+        rank: usize,
+        /// The MPI function.
+        call: &'static str,
+        /// MPI's error code.
+        code: i32,
+        /// MPI's error string.
+        message: String,
+    },
+    /// A direct pointer was asked of a window whose peers are not mapped (MPI RMA windows).
+    #[error("rank {rank}'s part of this window is not mapped here ({why})")]
+    NotMapped {
+        /// The peer.
+        rank: usize,
+        /// Why.
+        why: &'static str,
+    },
     /// The environment does not describe a rank (for `Comm::from_env`).
     #[error("environment: {0}")]
     Env(String),

@@ -10,7 +10,9 @@
 //! Two backends run the same protocols over the same memory layout ([`Backend`]):
 //! * `local`: ranks are threads of one process ([`local::run`], [`local::comms`]);
 //! * `shm`: ranks are processes on one host over POSIX shared memory ([`shm::ShmWorld`],
-//!   [`shm::from_env`]).
+//!   [`shm::from_env`]);
+//! * `mpi` (cargo feature `mpi`): ranks are the processes of an MPI job, on one host or many
+//!   (`mpi::init`), with MPI-3 RMA windows.
 //!
 //! ```
 //! use pto_comm::{local, SignalOp, WindowSpec};
@@ -41,7 +43,14 @@ pub mod conformance;
 mod context;
 mod error;
 pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+#[cfg(not(feature = "mpi"))]
+mod mpi_off;
+#[cfg(not(feature = "mpi"))]
+use mpi_off as mpi;
 mod queue;
+mod region;
 pub mod shm;
 mod window;
 mod world;
@@ -66,14 +75,17 @@ pub enum Backend {
     Local,
     /// Processes on one host over POSIX shared memory.
     Shm,
+    /// The processes of an MPI job, on one host or many (cargo feature `mpi`).
+    Mpi,
 }
 
 impl Backend {
-    /// `"local"` or `"shm"`.
+    /// `"local"`, `"shm"` or `"mpi"`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Local => "local",
             Backend::Shm => "shm",
+            Backend::Mpi => "mpi",
         }
     }
 
@@ -82,6 +94,7 @@ impl Backend {
         match s {
             "local" => Some(Backend::Local),
             "shm" => Some(Backend::Shm),
+            "mpi" => Some(Backend::Mpi),
             _ => None,
         }
     }

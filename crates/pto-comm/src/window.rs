@@ -18,9 +18,11 @@ use pto_core::{Buffer, DType, ExternalMemory, Tensor};
 use pto_shm::barrier::Barrier;
 use pto_shm::segment_kind;
 use pto_shm::wait::{wait_until, wake};
-use pto_shm::{HeaderInit, Segment};
+use pto_shm::HeaderInit;
 
 use crate::comm::{wait_err, Comm};
+use crate::mpi::{Mode, MpiComm, RmaWin};
+use crate::region::Region;
 use crate::CommError;
 
 const OFF_BARRIER: usize = 256;
@@ -130,11 +132,16 @@ pub enum SignalOp {
 
 struct WindowInner {
     comm: Comm,
-    seg: Arc<Segment>,
+    seg: Region,
     name: String,
     size: usize,
     stride: usize,
     buffers: Vec<BufferRef>,
+    /// Offset of this rank's part in `seg`.
+    local_off: usize,
+    /// The MPI RMA window, when peers are reached through MPI calls instead of loads and
+    /// stores (then `seg` is only this rank's part).
+    rma: Option<RmaWin>,
 }
 
 /// A symmetric window. Cloning shares it; the mapping goes when the last clone drops (and the
@@ -207,7 +214,7 @@ fn carve(spec: &WindowSpec) -> Result<Vec<BufferRef>, CommError> {
 
 /// The local part of a window, lent to pto-core as a buffer.
 struct LocalPart {
-    seg: Arc<Segment>,
+    seg: Region,
     offset: usize,
     len: usize,
 }
@@ -252,6 +259,9 @@ impl Window {
                 why: "the window times the rank count does not fit in memory",
             })?;
         let name = format!("{}.w{seq}", comm.inner.key);
+        if let Some(m) = &comm.inner.mpi {
+            return Window::allocate_mpi(comm, m, spec, name, buffers, stride, len);
+        }
         let seg = comm.create_or_open(
             &name,
             len,
@@ -291,11 +301,13 @@ impl Window {
         let w = Window {
             inner: Arc::new(WindowInner {
                 comm: comm.clone(),
-                seg,
+                seg: Region::from(seg),
                 name: name.clone(),
                 size: spec.bytes,
                 stride,
                 buffers,
+                local_off: DATA + comm.rank() * stride,
+                rma: None,
             }),
         };
         // Zero our own part before anyone can leave the ready barrier (and notify us).
@@ -307,6 +319,66 @@ impl Window {
         Ok(w)
     }
 
+    /// An MPI window: the members agree on the size first (so a mismatch is an error on every
+    /// rank, not an abort), then allocate shared memory (one node) or an RMA window.
+    fn allocate_mpi(
+        comm: &Comm,
+        m: &Arc<MpiComm>,
+        spec: &WindowSpec,
+        name: String,
+        buffers: Vec<BufferRef>,
+        stride: usize,
+        len: usize,
+    ) -> Result<Window, CommError> {
+        let deadline = comm.deadline();
+        let ours = spec.bytes as u64;
+        let (lo, hi) = m.min_max(ours, deadline)?;
+        if lo != hi {
+            return Err(CommError::Mismatch {
+                what: "window size in bytes",
+                theirs: if ours == lo { hi } else { lo },
+                source_desc: "another member of the MPI communicator".into(),
+                ours,
+            });
+        }
+        let (seg, local_off, rma) = match m.mode() {
+            Mode::Shared => (
+                m.shared_alloc(name.clone(), len, comm.rank(), deadline)?,
+                DATA + comm.rank() * stride,
+                None,
+            ),
+            Mode::Rma => {
+                let (r, w) = m.win_allocate(name.clone(), stride, deadline)?;
+                (r, 0, Some(w))
+            }
+        };
+        Ok(Window {
+            inner: Arc::new(WindowInner {
+                comm: comm.clone(),
+                seg,
+                name,
+                size: spec.bytes,
+                stride,
+                buffers,
+                local_off,
+                rma,
+            }),
+        })
+    }
+
+    /// The MPI communicator whose own collectives serve this window's, when its peers are
+    /// not mapped (RMA windows).
+    pub(crate) fn native(&self) -> Option<&Arc<MpiComm>> {
+        self.inner.rma.as_ref().map(RmaWin::comm)
+    }
+
+    /// Start of this rank's part.
+    fn local_ptr(&self) -> *mut u8 {
+        // SAFETY: `local_off + size` lies inside `seg` (set at allocation).
+        unsafe { self.inner.seg.as_ptr().add(self.inner.local_off) }
+    }
+
+    /// Start of `rank`'s part in the mapping (mapped windows only).
     fn base(&self, rank: usize) -> *mut u8 {
         // SAFETY: callers pass `rank < ranks()`; DATA + rank * stride + size is within the
         // segment (checked at allocation).
@@ -424,6 +496,9 @@ impl Window {
     /// A bad rank or a range outside the window.
     pub fn put(&self, rank: usize, offset: usize, src: &[u8]) -> Result<(), CommError> {
         self.check_range("put", rank, offset, src.len())?;
+        if let Some(r) = &self.inner.rma {
+            return r.put(rank, offset, src);
+        }
         // SAFETY: the range is inside rank's window (checked); `src` cannot overlap the mapping
         // of a window part... unless the caller passes a slice of the window itself, which
         // `copy` (memmove) tolerates.
@@ -456,6 +531,9 @@ impl Window {
     /// A bad rank or a range outside the window.
     pub fn get(&self, rank: usize, offset: usize, dst: &mut [u8]) -> Result<(), CommError> {
         self.check_range("get", rank, offset, dst.len())?;
+        if let Some(r) = &self.inner.rma {
+            return r.get(rank, offset, dst);
+        }
         // SAFETY: the range is inside rank's window (checked); `dst` is a distinct exclusive
         // slice, or (harmlessly) one aliasing the mapping, handled by memmove.
         unsafe { std::ptr::copy(self.base(rank).add(offset), dst.as_mut_ptr(), dst.len()) };
@@ -496,6 +574,9 @@ impl Window {
     /// A bad rank, a range outside the window, or an offset not 4-aligned.
     pub fn fetch_add_u32(&self, rank: usize, offset: usize, v: u32) -> Result<u32, CommError> {
         self.check_atomic("atomic add (u32)", rank, offset, 4)?;
+        if let Some(r) = &self.inner.rma {
+            return r.fetch_add_u32(rank, offset, v);
+        }
         Ok(self.word32(rank, offset).fetch_add(v, Ordering::AcqRel))
     }
 
@@ -506,6 +587,9 @@ impl Window {
     /// A bad rank, a range outside the window, or an offset not 8-aligned.
     pub fn fetch_add_u64(&self, rank: usize, offset: usize, v: u64) -> Result<u64, CommError> {
         self.check_atomic("atomic add (u64)", rank, offset, 8)?;
+        if let Some(r) = &self.inner.rma {
+            return r.fetch_add_u64(rank, offset, v);
+        }
         Ok(self.word64(rank, offset).fetch_add(v, Ordering::AcqRel))
     }
 
@@ -525,6 +609,9 @@ impl Window {
     /// A bad rank, a range outside the window, or an offset not 4-aligned.
     pub fn load_u32(&self, rank: usize, offset: usize) -> Result<u32, CommError> {
         self.check_atomic("atomic load (u32)", rank, offset, 4)?;
+        if let Some(r) = &self.inner.rma {
+            return r.fetch_add_u32(rank, offset, 0);
+        }
         Ok(self.word32(rank, offset).load(Ordering::Acquire))
     }
 
@@ -535,6 +622,9 @@ impl Window {
     /// A bad rank, a range outside the window, or an offset not 8-aligned.
     pub fn load_u64(&self, rank: usize, offset: usize) -> Result<u64, CommError> {
         self.check_atomic("atomic load (u64)", rank, offset, 8)?;
+        if let Some(r) = &self.inner.rma {
+            return r.fetch_add_u64(rank, offset, 0);
+        }
         Ok(self.word64(rank, offset).load(Ordering::Acquire))
     }
 
@@ -561,6 +651,9 @@ impl Window {
         op: SignalOp,
     ) -> Result<(), CommError> {
         self.check_atomic("signal notify", rank, offset, 4)?;
+        if let Some(r) = &self.inner.rma {
+            return r.notify(rank, offset, value, op == SignalOp::Add);
+        }
         let w = self.word32(rank, offset);
         match op {
             SignalOp::Add => {
@@ -597,9 +690,12 @@ impl Window {
     ) -> Result<u32, CommError> {
         let me = self.rank();
         self.check_atomic("signal wait", me, offset, 4)?;
-        let w = self.word32(me, offset);
         let reached = |v: u32| (v.wrapping_sub(value) as i32) >= 0;
         let comm = &self.inner.comm;
+        if let Some(r) = &self.inner.rma {
+            return rma_wait(r, comm, offset, value, deadline);
+        }
+        let w = self.word32(me, offset);
         wait_until(w, self.sleepers(), reached, deadline, || comm.check()).map_err(wait_err(
             || format!("signal wait at offset {offset} for >= {value}"),
             comm.world_rank(),
@@ -655,12 +751,18 @@ impl Window {
 
     /// Orders this rank's earlier puts and atomics before its later ones, as seen by any peer.
     pub fn fence(&self) {
-        fence(Ordering::Release);
+        self.quiet();
     }
 
     /// Completes every put and atomic this rank issued: they are visible to every peer.
     /// (On the mapped backends operations complete when they return; this is a full fence.)
     pub fn quiet(&self) {
+        if let Some(r) = &self.inner.rma {
+            if let Err(e) = r.quiet() {
+                // Operations may be lost: the program cannot go on correctly.
+                crate::mpi::abort_job(self.inner.comm.world_rank(), &e.to_string());
+            }
+        }
         fence(Ordering::SeqCst);
     }
 
@@ -676,6 +778,9 @@ impl Window {
     pub fn barrier(&self) -> Result<(), CommError> {
         let comm = &self.inner.comm;
         comm.world_ref().check_abort()?;
+        if let Some(m) = &comm.inner.mpi {
+            return m.barrier(comm.deadline());
+        }
         // SAFETY: the control page holds a zero-initialised `Barrier` at OFF_BARRIER.
         let b = unsafe { &*self.inner.seg.as_ptr().add(OFF_BARRIER).cast::<Barrier>() };
         b.wait(self.ranks() as u32, comm.deadline(), || comm.check())
@@ -698,6 +803,15 @@ impl Window {
     /// barriers; the caller is responsible for that ordering.
     pub unsafe fn peer_ptr(&self, rank: usize) -> Result<*mut u8, CommError> {
         self.check_range("peer_ptr", rank, 0, 0)?;
+        if self.inner.rma.is_some() {
+            if rank == self.rank() {
+                return Ok(self.local_ptr());
+            }
+            return Err(CommError::NotMapped {
+                rank,
+                why: "an MPI RMA window: use put and get",
+            });
+        }
         Ok(self.base(rank))
     }
 
@@ -707,7 +821,7 @@ impl Window {
     pub fn local_buffer(&self) -> Buffer {
         Buffer::from_external(Box::new(LocalPart {
             seg: self.inner.seg.clone(),
-            offset: DATA + self.rank() * self.inner.stride,
+            offset: self.inner.local_off,
             len: self.inner.size,
         }))
     }
@@ -757,11 +871,22 @@ pub struct SignalCondition {
 
 impl pto_core::Condition for SignalCondition {
     fn poll(&self) -> pto_core::Poll {
-        let v = self
-            .window
-            .word32(self.rank, self.offset)
-            .load(Ordering::Acquire);
+        let v = match &self.window.inner.rma {
+            Some(r) => match r.fetch_add_u32(self.rank, self.offset, 0) {
+                Ok(v) => v,
+                Err(e) => return pto_core::Poll::Failed(e.to_string()),
+            },
+            None => self
+                .window
+                .word32(self.rank, self.offset)
+                .load(Ordering::Acquire),
+        };
         if (v.wrapping_sub(self.value) as i32) >= 0 {
+            if let Some(r) = &self.window.inner.rma {
+                if let Err(e) = r.sync() {
+                    return pto_core::Poll::Failed(e.to_string());
+                }
+            }
             return pto_core::Poll::Ready;
         }
         match self.window.inner.comm.world_ref().check_abort() {
@@ -775,5 +900,47 @@ impl pto_core::Condition for SignalCondition {
             "signal at offset {} of rank {} >= {}",
             self.offset, self.rank, self.value
         )
+    }
+}
+
+/// Polls this rank's signal through MPI (`MPI_Fetch_and_op`, which also drives progress) until
+/// it reaches `value`, then `MPI_Win_sync` so that the data put before it is visible.
+fn rma_wait(
+    r: &RmaWin,
+    comm: &Comm,
+    offset: usize,
+    value: u32,
+    deadline: Instant,
+) -> Result<u32, CommError> {
+    let me = comm.rank();
+    let start = Instant::now();
+    let mut last_check = start;
+    let mut round = 0u32;
+    loop {
+        let v = r.fetch_add_u32(me, offset, 0)?;
+        if (v.wrapping_sub(value) as i32) >= 0 {
+            r.sync()?;
+            return Ok(v);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(CommError::Timeout {
+                what: format!("signal wait at offset {offset} for >= {value}"),
+                rank: comm.world_rank(),
+                waited: now - start,
+            });
+        }
+        if now - last_check > std::time::Duration::from_millis(5) {
+            comm.check()?;
+            last_check = now;
+        }
+        round += 1;
+        if round < 64 {
+            std::hint::spin_loop();
+        } else if round < 256 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
     }
 }

@@ -26,6 +26,7 @@ use pto_shm::process::ProcessId;
 use pto_shm::segment_kind;
 use pto_shm::{HeaderInit, Segment, ShmError, HEADER_LEN};
 
+use crate::region::Region;
 use crate::{Backend, CommError, MAX_RANKS};
 
 pub(crate) const OFF_ABORT: usize = 256;
@@ -58,11 +59,14 @@ pub(crate) struct LocalRegistry {
 pub(crate) enum Provider {
     Local(LocalRegistry),
     Shm,
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    /// An MPI job: the world communicator (domains and windows are MPI allocations).
+    Mpi(Arc<crate::mpi::MpiComm>),
 }
 
 /// Everything the ranks of one world share.
 pub(crate) struct World {
-    pub(crate) seg: Arc<Segment>,
+    pub(crate) seg: Region,
     pub(crate) size: usize,
     pub(crate) provider: Provider,
     /// Prefix of the names of this world's domain and window segments.
@@ -75,6 +79,15 @@ impl World {
         match self.provider {
             Provider::Local(_) => Backend::Local,
             Provider::Shm => Backend::Shm,
+            Provider::Mpi(_) => Backend::Mpi,
+        }
+    }
+
+    /// The MPI world communicator, on the mpi backend.
+    pub(crate) fn mpi(&self) -> Option<&Arc<crate::mpi::MpiComm>> {
+        match &self.provider {
+            Provider::Mpi(m) => Some(m),
+            _ => None,
         }
     }
 
@@ -147,6 +160,10 @@ impl World {
             p.add(n).write(0);
         }
         let _ = word.compare_exchange(0, rank as u32 + 1, Ordering::AcqRel, Ordering::Acquire);
+        if self.mpi().is_some() {
+            // Peers may be on other nodes and inside MPI calls: end the job.
+            crate::mpi::abort_job(rank, message);
+        }
         self.barrier().poke();
     }
 
@@ -189,7 +206,13 @@ impl World {
         if let Some(e) = self.aborted() {
             return Err(e);
         }
-        let shm = matches!(self.provider, Provider::Shm);
+        // Processes on this host (shm, or MPI with shared windows) have pids to watch; an MPI
+        // launcher ends the job itself when a rank dies.
+        let shm = match &self.provider {
+            Provider::Shm => true,
+            Provider::Mpi(m) => m.mode() == crate::mpi::Mode::Shared,
+            Provider::Local(_) => false,
+        };
         // A dead or failed peer is the cause; a peer that exited may only have reacted to it,
         // so it is reported only when no peer is dead or failed.
         let mut exited = None;
@@ -243,7 +266,7 @@ impl World {
         init: HeaderInit,
     ) -> Result<Arc<Segment>, CommError> {
         match &self.provider {
-            Provider::Shm => Ok(Arc::new(Segment::create(name, len, init)?)),
+            Provider::Shm | Provider::Mpi(_) => Ok(Arc::new(Segment::create(name, len, init)?)),
             Provider::Local(reg) => {
                 let seg = Arc::new(Segment::anonymous(name, len, init)?);
                 reg.map.lock().insert(name.to_string(), seg.clone());
@@ -266,7 +289,7 @@ impl World {
             self.check(me, &[creator])?;
             let slice = (Instant::now() + Duration::from_millis(50)).min(deadline);
             let got = match &self.provider {
-                Provider::Shm => match Segment::open(name, slice) {
+                Provider::Shm | Provider::Mpi(_) => match Segment::open(name, slice) {
                     Ok(s) => Some(Arc::new(s)),
                     Err(ShmError::Timeout { .. }) => None,
                     Err(e) => return Err(e.into()),
@@ -327,7 +350,7 @@ pub(crate) fn create_world(
     };
     let len = world_len(size).max(HEADER_LEN);
     let (seg, prefix) = match provider {
-        Provider::Shm => {
+        Provider::Shm | Provider::Mpi(_) => {
             let name = Segment::fresh_name("world");
             let prefix = name.trim_end_matches(".world").to_string();
             (Segment::create(&name, len, init)?, prefix)
@@ -341,7 +364,7 @@ pub(crate) fn create_world(
         }
     };
     Ok(World {
-        seg: Arc::new(seg),
+        seg: Region::from(Arc::new(seg)),
         size,
         provider,
         prefix,
@@ -388,7 +411,7 @@ pub(crate) fn open_world(
     }
     let prefix = name.trim_end_matches(".world").to_string();
     Ok(World {
-        seg: Arc::new(seg),
+        seg: Region::from(Arc::new(seg)),
         size,
         provider: Provider::Shm,
         prefix,

@@ -1,0 +1,95 @@
+//! Where a world's, a domain's or a window's bytes live: a POSIX shared-memory [`Segment`]
+//! (shm backend), an anonymous mapping (local backend), or memory an MPI library allocated
+//! (`mpi` feature). The protocols only need a base pointer and a length.
+
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Arc;
+
+use pto_shm::Segment;
+
+/// Memory every member of a communicator maps at some address.
+///
+/// # Safety
+///
+/// `as_ptr` must return a pointer valid for reads and writes of `len` bytes, 64-byte aligned,
+/// for as long as the value lives, and the memory must be shared by the members that use it.
+pub(crate) unsafe trait Memory: Send + Sync {
+    fn as_ptr(&self) -> *mut u8;
+    fn len(&self) -> usize;
+    fn name(&self) -> &str;
+}
+
+// SAFETY: a segment is a live shared mapping of `len` bytes, page-aligned, unmapped on drop.
+unsafe impl Memory for Segment {
+    fn as_ptr(&self) -> *mut u8 {
+        Segment::as_ptr(self)
+    }
+    fn len(&self) -> usize {
+        Segment::len(self)
+    }
+    fn name(&self) -> &str {
+        Segment::name(self)
+    }
+}
+
+/// A shared handle on some [`Memory`].
+#[derive(Clone)]
+pub(crate) struct Region(Arc<dyn Memory>);
+
+impl Region {
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn new(m: Arc<dyn Memory>) -> Region {
+        Region(m)
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    /// An atomic `u32` at `offset`.
+    ///
+    /// # Panics
+    ///
+    /// If `offset` is misaligned or out of bounds (a bug in the caller's layout).
+    pub(crate) fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
+        assert!(
+            offset % 4 == 0 && offset + 4 <= self.len(),
+            "bad atomic offset {offset} in {}",
+            self.name()
+        );
+        // SAFETY: aligned (the base is 64-aligned) and in bounds (asserted); shared memory
+        // accessed only atomically through this reference.
+        unsafe { &*self.as_ptr().add(offset).cast::<AtomicU32>() }
+    }
+
+    /// An atomic `u64` at `offset`.
+    ///
+    /// # Panics
+    ///
+    /// As [`Region::atomic_u32`].
+    pub(crate) fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        assert!(
+            offset % 8 == 0 && offset + 8 <= self.len(),
+            "bad atomic offset {offset} in {}",
+            self.name()
+        );
+        // SAFETY: as in `atomic_u32`.
+        unsafe { &*self.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+}
+
+impl From<Arc<Segment>> for Region {
+    fn from(s: Arc<Segment>) -> Region {
+        Region(s)
+    }
+}
