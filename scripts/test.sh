@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # The README's test command: installs what the tests need, then runs every test.
-# Runs on a fresh machine with the Rust toolchain (cargo, cargo-nextest) present.
+# Runs on a fresh machine with the Rust toolchain present (Debian/Ubuntu for the system packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Open MPI, libclang and iproute2, for the mpi backend's tests.
+bash scripts/install-deps.sh
+
+# Every test runs on a build with the mpi backend enabled (it changes nothing for the other
+# backends); the default build (no MPI) is built by the main job and linted by CI.
+FEATURES="pto-comm/mpi,pto-cli/mpi"
 
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   echo "== installing cargo-nextest"
@@ -10,10 +17,10 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
 fi
 
 echo "== unit, integration and property tests (nextest)"
-cargo nextest run --workspace --profile ci
+cargo nextest run --workspace --profile ci --features "$FEATURES"
 
 echo "== documentation examples"
-cargo test --workspace --doc --quiet
+cargo test --workspace --doc --quiet --features "$FEATURES"
 
 echo "== no stale shared-memory segments left behind"
 if ls /dev/shm 2>/dev/null | grep -q '^pto'; then

@@ -46,10 +46,11 @@ pub struct CleanArgs {
 pub struct RunArgs {
     /// The example (see `pto list`).
     pub example: String,
-    /// Ranks (chips) for a distributed example.
-    #[arg(long, default_value_t = 1)]
-    pub ranks: usize,
-    /// Where the ranks run: shm (processes on this host) or local (threads).
+    /// Ranks (chips) for a distributed example (default 1; under mpirun, the job's size).
+    #[arg(long)]
+    pub ranks: Option<usize>,
+    /// Where the ranks run: shm (processes on this host), local (threads) or mpi (the
+    /// processes of an MPI job; started with mpirun when pto is not already under it).
     #[arg(long, default_value = "shm")]
     pub backend: String,
     /// Problem size, in the example's own unit.

@@ -55,7 +55,9 @@ pub mod shm;
 mod window;
 mod world;
 
-pub use collective::{Algorithm, Collectives, ReduceOp, Reducible, MESH_MAX_BYTES};
+pub use collective::{
+    Algorithm, Collectives, ReduceOp, Reducible, MESH_MAX_BYTES, MPI_NATIVE_BYTES,
+};
 pub use comm::Comm;
 pub use context::CommContext;
 pub use error::CommError;

@@ -105,7 +105,73 @@ pub fn run(ex: &Example, args: &RunArgs, n: usize) -> Result<Outcome, ExampleErr
             "{} has no process form: use --backend local",
             ex.name
         ))),
+        (Backend::Mpi, _, _) => Err(ExampleError::Args(format!(
+            "{} on MPI runs one rank per process: start it under mpirun and call \
+             pto_examples::dist::run_on with each rank's communicator (`pto run --backend mpi` does)",
+            ex.name
+        ))),
     }
+}
+
+/// Bytes per rank in the verdict exchange of [`run_on`].
+const VERDICT: usize = 512;
+
+/// Runs `ex`'s rank body on this rank of `comm` (any backend; the MPI backend's SPMD form),
+/// then exchanges every rank's verdict, so that every rank returns the same [`Outcome`] for
+/// all ranks. Trace events stay with each rank and are not gathered.
+///
+/// # Collective
+///
+/// Every rank of `comm` calls it.
+///
+/// # Errors
+///
+/// An example without a rank body, or a communication error in the exchange.
+pub fn run_on(ex: &Example, comm: &Comm, args: &RunArgs) -> Result<Outcome, ExampleError> {
+    let Some(body) = ex.ranks else {
+        return Err(ExampleError::Args(format!(
+            "{} has no rank body (it runs on one chip or only through the Worker)",
+            ex.name
+        )));
+    };
+    let t = Instant::now();
+    let mine = body(comm, args);
+    let wall = t.elapsed();
+    // One fixed-size record per rank: passed, tasks, detail length, detail.
+    let mut rec = vec![0u8; VERDICT];
+    let (passed, tasks, detail) = match &mine {
+        Ok(o) => (o.passed, o.tasks, o.detail.clone()),
+        Err(e) => (false, 0, e.to_string()),
+    };
+    let text = detail.as_bytes();
+    let n = text.len().min(VERDICT - 11);
+    rec[0] = u8::from(passed);
+    rec[1..9].copy_from_slice(&tasks.to_le_bytes());
+    rec[9..11].copy_from_slice(&(n as u16).to_le_bytes());
+    rec[11..11 + n].copy_from_slice(&text[..n]);
+    let co = pto_comm::Collectives::new(comm, VERDICT * comm.size())?;
+    let mut all = vec![0u8; VERDICT * comm.size()];
+    co.allgather(&rec, &mut all)?;
+    let outcomes = all
+        .chunks(VERDICT)
+        .map(|r| {
+            let len = usize::from(u16::from_le_bytes([r[9], r[10]])).min(VERDICT - 11);
+            let detail = String::from_utf8_lossy(&r[11..11 + len]).into_owned();
+            let mut tasks = [0u8; 8];
+            tasks.copy_from_slice(&r[1..9]);
+            Ok(RankOutcome {
+                passed: r[0] == 1,
+                detail,
+                tasks: u64::from_le_bytes(tasks),
+                events: Vec::new(),
+            })
+        })
+        .collect();
+    let mut out = gather(ex, comm.size(), outcomes, wall);
+    if let Ok(o) = mine {
+        out.events = o.events;
+    }
+    Ok(out)
 }
 
 /// The `run` entry of a distributed example: it needs ranks.

@@ -138,9 +138,10 @@ fn emit_allreduce(json: bool, bench: &str, ranks: usize, bytes: usize, us: f64) 
     super::print_line(json, &l);
 }
 
-/// Every rank runs this; rank 0 prints one JSON line per size.
-fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<()> {
+/// Every rank runs this; rank 0 prints one JSON line per size. Returns `(bytes, us)` per size.
+fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<Vec<(usize, f64)>> {
     let n = comm.size();
+    let mut out = Vec::new();
     let co = pto_comm::Collectives::new(comm, 16 << 20)?;
     for bytes in ALLREDUCE_SIZES {
         let count = (bytes / 4).max(1);
@@ -158,6 +159,7 @@ fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<()> {
         if comm.rank() == 0 {
             emit_allreduce(json, "allreduce", n, bytes, us);
         }
+        out.push((bytes, us));
     }
     // Data already in a window: no staging copy (the memory-bound path).
     let w = comm.alloc_window(&pto_comm::WindowSpec::new(64 + (64 << 20)))?;
@@ -176,7 +178,50 @@ fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<()> {
             emit_allreduce(json, "allreduce_window", n, bytes, us);
         }
     }
-    Ok(())
+    Ok(out)
+}
+
+/// `--backend mpi`: pto's allreduce, then MPI's own `MPI_Allreduce` on the same ranks and
+/// sizes in the same job, and their ratio per size (`"bench": "allreduce_vs_mpi"`).
+#[cfg(feature = "mpi")]
+fn mpi_bench(a: &BenchArgs, is_allreduce: bool) -> anyhow::Result<ExitCode> {
+    if !pto_comm::mpi::detected() {
+        return super::mpi_launch::relaunch(a.ranks);
+    }
+    let comm = pto_comm::mpi::init().context("starting MPI")?;
+    if !is_allreduce {
+        run(&comm, a.json, "mpi")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let ours = allreduce(&comm, a.json)?;
+    let n = comm.size();
+    for (bytes, us_ours) in ours {
+        let count = (bytes / 4).max(1);
+        let send = vec![1.0f32; count];
+        let mut recv = vec![0.0f32; count];
+        let iters = ((64usize << 20) / bytes).clamp(3, 20_000);
+        for _ in 0..iters.min(100) {
+            pto_comm::mpi::baseline_allreduce_f32(&comm, &send, &mut recv)?;
+        }
+        comm.barrier()?;
+        let us = time_us(iters, || {
+            pto_comm::mpi::baseline_allreduce_f32(&comm, &send, &mut recv)?;
+            Ok(())
+        })?;
+        comm.barrier()?;
+        if recv.first().is_some_and(|&x| x != n as f32) {
+            bail!("MPI_Allreduce returned {:?}, not {n}", recv.first());
+        }
+        if comm.rank() == 0 {
+            emit_allreduce(a.json, "mpi_allreduce", n, bytes, us);
+            let l = json!({
+                "bench": "allreduce_vs_mpi", "ranks": n, "bytes": bytes,
+                "ratio": ((us_ours / us) * 1000.0).round() / 1000.0,
+            });
+            super::print_line(a.json, &l);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The body of a rank process started by `bench`.
@@ -200,7 +245,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         "local" => {
             let results = pto_comm::local::run(a.ranks, |c| {
                 if is_allreduce {
-                    allreduce(&c, a.json).map_err(|e| e.to_string())
+                    allreduce(&c, a.json).map(|_| ()).map_err(|e| e.to_string())
                 } else {
                     run(&c, a.json, "local").map_err(|e| e.to_string())
                 }
@@ -239,7 +284,11 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        other => bail!("unknown backend {other:?} (local or shm)"),
+        #[cfg(feature = "mpi")]
+        "mpi" => return mpi_bench(a, is_allreduce),
+        #[cfg(not(feature = "mpi"))]
+        "mpi" => bail!("this pto was built without MPI: build it with --features mpi"),
+        other => bail!("unknown backend {other:?} (local, shm or mpi)"),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -4,6 +4,8 @@ mod bench;
 mod clean;
 mod comm_bench;
 mod deferred_bench;
+#[cfg(feature = "mpi")]
+mod mpi_launch;
 mod run;
 mod worker_bench;
 

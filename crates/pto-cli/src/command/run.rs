@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use pto_comm::Backend;
+use pto_examples::{Example, ExampleError, Outcome};
 use serde_json::json;
 
 use crate::cli::RunArgs;
@@ -18,9 +19,10 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
         );
     };
     let Some(backend) = Backend::from_name(&a.backend) else {
-        bail!("unknown backend {:?}: use shm or local", a.backend);
+        bail!("unknown backend {:?}: use shm, local or mpi", a.backend);
     };
-    if a.ranks == 0 || a.ranks > pto_comm::MAX_RANKS {
+    let ranks = a.ranks.unwrap_or(1);
+    if ranks == 0 || ranks > pto_comm::MAX_RANKS {
         bail!("--ranks must be 1 to {}", pto_comm::MAX_RANKS);
     }
     let args = pto_examples::RunArgs {
@@ -29,25 +31,19 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
         cores: (a.aic, a.aiv),
         backend,
     };
+    if backend == Backend::Mpi {
+        return mpi::run(ex, a, &args);
+    }
     // Progress on a terminal only: quiet when output goes to a file or a pipe.
     use std::io::IsTerminal;
     let tty = std::io::stderr().is_terminal() && !a.json;
     if tty {
-        eprint!("running {} on {} rank(s)...", ex.name, a.ranks);
+        eprint!("running {} on {} rank(s)...", ex.name, ranks);
     }
-    let result = pto_examples::dist::run(ex, &args, a.ranks);
+    let result = pto_examples::dist::run(ex, &args, ranks);
     if tty {
         eprint!("\r\x1b[2K");
     }
-    let (passed, detail, wall_ms, tasks) = match &result {
-        Ok(o) => (
-            o.passed,
-            o.detail.clone(),
-            o.wall.as_secs_f64() * 1e3,
-            o.tasks,
-        ),
-        Err(e) => (false, format!("error: {e}"), 0.0, 0),
-    };
     if let (Some(path), Ok(o)) = (&a.trace, &result) {
         let doc = json!({ "traceEvents": o.events, "displayTimeUnit": "ns" });
         std::fs::write(path, doc.to_string())
@@ -58,11 +54,31 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         "local"
     };
+    Ok(report(ex, a, ranks, backend_name, &result))
+}
+
+/// Prints the verdict (text or one JSON object); exit code 0 only on a match.
+fn report(
+    ex: &Example,
+    a: &RunArgs,
+    ranks: usize,
+    backend_name: &str,
+    result: &Result<Outcome, ExampleError>,
+) -> ExitCode {
+    let (passed, detail, wall_ms, tasks) = match result {
+        Ok(o) => (
+            o.passed,
+            o.detail.clone(),
+            o.wall.as_secs_f64() * 1e3,
+            o.tasks,
+        ),
+        Err(e) => (false, format!("error: {e}"), 0.0, 0),
+    };
     if a.json {
         println!(
             "{}",
             json!({
-                "example": ex.name, "ranks": a.ranks, "backend": backend_name,
+                "example": ex.name, "ranks": ranks, "backend": backend_name,
                 "passed": passed, "wall_ms": (wall_ms * 1000.0).round() / 1000.0,
             })
         );
@@ -73,15 +89,67 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
         let verdict = if passed { "PASSED" } else { "FAILED" };
         println!(
             "{} on {} rank(s) ({backend_name}): {verdict} ({tasks} tasks, {wall_ms:.2} ms): {detail}",
-            ex.name, a.ranks
+            ex.name, ranks
         );
         if let Some(p) = &a.trace {
             println!("trace written to {}", p.display());
         }
     }
-    Ok(if passed {
+    if passed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    })
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+mod mpi {
+    use super::*;
+
+    pub fn run(_: &Example, _: &RunArgs, _: &pto_examples::RunArgs) -> anyhow::Result<ExitCode> {
+        bail!(
+            "this pto was built without MPI: build it with \
+             `cargo build --release -p pto-cli --features mpi` (needs Open MPI, see the README)"
+        )
+    }
+}
+
+#[cfg(feature = "mpi")]
+mod mpi {
+    use super::*;
+
+    /// Under `mpirun`, this process is one rank: run its part, exchange the verdicts, and
+    /// report on rank 0. Outside `mpirun`, start `mpirun -n <ranks>` on this same command.
+    pub fn run(
+        ex: &Example,
+        a: &RunArgs,
+        args: &pto_examples::RunArgs,
+    ) -> anyhow::Result<ExitCode> {
+        if a.trace.is_some() {
+            bail!("--trace is not supported with --backend mpi yet");
+        }
+        if !pto_comm::mpi::detected() {
+            return crate::command::mpi_launch::relaunch(a.ranks.unwrap_or(1));
+        }
+        let comm = pto_comm::mpi::init().context("starting MPI")?;
+        if let Some(n) = a.ranks.filter(|&n| n != comm.size()) {
+            bail!(
+                "--ranks {n}, but mpirun started {} ranks (rank {})",
+                comm.size(),
+                comm.rank()
+            );
+        }
+        let result = pto_examples::dist::run_on(ex, &comm, args);
+        if comm.rank() == 0 {
+            return Ok(report(ex, a, comm.size(), "mpi", &result));
+        }
+        Ok(match result {
+            Ok(o) if o.passed => ExitCode::SUCCESS,
+            Ok(_) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("pto: rank {}: {e}", comm.rank());
+                ExitCode::FAILURE
+            }
+        })
+    }
 }

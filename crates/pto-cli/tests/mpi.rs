@@ -1,0 +1,104 @@
+//! `pto run <example> --backend mpi` end to end (cargo feature `mpi`): every distributed
+//! example under `mpirun -n 2` and `-n 4` (started by pto itself), with shared windows and with
+//! RMA windows, each checked against its golden by every rank and reported once by rank 0.
+
+// Test helpers unwrap: a failure there is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+fn pto(args: &[&str], windows: &str) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pto"))
+        .args(args)
+        .env("PTO_MPI_WINDOWS", windows)
+        .env("PTO_WAIT_TIMEOUT_MS", "20000")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn every_example(windows: &str) {
+    let mut ran = 0;
+    for ex in pto_examples::EXAMPLES.iter().filter(|e| e.ranks.is_some()) {
+        for n in [2, 4] {
+            let n_s = n.to_string();
+            let (code, out, err) = pto(
+                &[
+                    "run",
+                    ex.name,
+                    "--backend",
+                    "mpi",
+                    "--ranks",
+                    &n_s,
+                    "--json",
+                ],
+                windows,
+            );
+            assert_eq!(
+                code, 0,
+                "{} on {n} ranks ({windows}): {out}\n{err}",
+                ex.name
+            );
+            // Rank 0 alone reports.
+            let lines: Vec<&str> = out.lines().collect();
+            assert_eq!(lines.len(), 1, "{} on {n}: {out}", ex.name);
+            let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+            assert_eq!(v["passed"], true, "{out}");
+            assert_eq!(v["backend"], "mpi");
+            assert_eq!(v["ranks"], n);
+            ran += 1;
+        }
+    }
+    assert!(ran >= 18, "only {ran} runs");
+}
+
+#[test]
+fn every_distributed_example_on_2_and_4_ranks_shared_windows() {
+    every_example("shared");
+}
+
+#[test]
+fn every_distributed_example_on_2_and_4_ranks_rma_windows() {
+    every_example("rma");
+}
+
+#[test]
+fn a_rank_count_that_disagrees_with_mpirun_is_an_error() {
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-n", "2"])
+        .arg(env!("CARGO_BIN_EXE_pto"))
+        .args(["run", "ffn_tp_parallel", "--backend", "mpi", "--ranks", "3"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--ranks 3, but mpirun started 2 ranks"),
+        "{err}"
+    );
+}
+
+#[test]
+fn text_output_names_the_backend_and_the_golden() {
+    let (code, out, err) = pto(
+        &[
+            "run",
+            "allreduce_distributed",
+            "--backend",
+            "mpi",
+            "--ranks",
+            "2",
+        ],
+        "shared",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("allreduce_distributed on 2 rank(s) (mpi): PASSED")
+            && out.contains("all 2 ranks match the golden"),
+        "{out}"
+    );
+}
