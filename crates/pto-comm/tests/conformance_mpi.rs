@@ -2,7 +2,7 @@
 //! `mpirun`, whose ranks are this test binary re-entered at `rank_entry`. One job of N ranks
 //! runs every case at every rank count k ≤ N it lists, on a domain of the first k ranks, with
 //! shared windows (one node) and with RMA windows (`PTO_MPI_WINDOWS=rma`). Also: an aborting
-//! rank ends the job with its message, and a collective across two network namespaces joined by
+//! rank ends the job with its message, a killed rank ends the job, and a collective across two network namespaces joined by
 //! a veth pair (two "hosts" with their own addresses, Open MPI over TCP).
 
 // Test helpers unwrap: a failure there is a test failure.
@@ -144,6 +144,23 @@ fn an_aborting_rank_ends_the_job_with_its_message() {
             "the job hung ({windows}):\n{out}"
         );
         eprintln!("abort ({windows}) ended the job in {:?}", t.elapsed());
+    }
+}
+
+#[test]
+fn a_rank_that_dies_ends_the_job() {
+    for windows in ["shared", "rma"] {
+        let mut cmd = mpirun(3, &[]);
+        cmd.env(CASE_ENV, "die").env("PTO_MPI_WINDOWS", windows);
+        rank_args(&mut cmd);
+        let t = Instant::now();
+        let (ok, out) = run(cmd, Duration::from_secs(60));
+        assert!(!ok, "the job succeeded:\n{out}");
+        assert!(
+            !out.contains("killed after"),
+            "the job hung ({windows}):\n{out}"
+        );
+        eprintln!("a dead rank ({windows}) ended the job in {:?}", t.elapsed());
     }
 }
 
@@ -346,6 +363,21 @@ fn rank_entry() {
             }
             // The others wait for a barrier rank 1 never reaches; the abort must end them.
             comm.barrier().map_err(|e| e.to_string())
+        }
+        "die" => {
+            comm.barrier().unwrap();
+            if comm.rank() == 1 {
+                // Gone without a word: no abort, no finalize.
+                rustix::process::kill_process(
+                    rustix::process::getpid(),
+                    rustix::process::Signal::KILL,
+                )
+                .unwrap();
+            }
+            let w = comm
+                .alloc_window(&WindowSpec::new(64))
+                .map_err(|e| e.to_string());
+            w.and_then(|w| w.wait_until(0, 1).map(|_| ()).map_err(|e| e.to_string()))
         }
         other => Err(format!("unknown case {other}")),
     };
