@@ -28,6 +28,10 @@ if command -v mpicc >/dev/null && [ -f "$anchors/mpi_osu.c" ]; then
   echo "# Open MPI anchors (same run)"
   mpirun --allow-run-as-root --oversubscribe -n 2 target/mpi_osu
   mpirun --allow-run-as-root --oversubscribe -n 8 target/mpi_bar8
+  # The mpi backend against MPI_Allreduce in the same job (shared windows, then RMA windows).
+  cargo build --release --quiet -p pto-cli --features mpi
+  for n in 2 4; do $pto bench allreduce --backend mpi --ranks "$n" --json; done
+  PTO_MPI_WINDOWS=rma $pto bench allreduce --backend mpi --ranks 2 --json
 else
-  echo "note: Open MPI not installed; MPI anchors skipped" >&2
+  echo "note: Open MPI not installed; MPI anchors and the mpi backend skipped" >&2
 fi
