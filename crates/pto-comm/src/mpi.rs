@@ -4,15 +4,15 @@
 //! Every rank calls [`init`] and gets the world [`Comm`]. Windows are MPI-3 RMA windows:
 //!
 //! * **rma** windows (`MPI_Win_allocate`, passive target with `MPI_Win_lock_all`): put and get
-//!   are `MPI_Put` / `MPI_Get`, atomics `MPI_Fetch_and_op` / `MPI_Compare_and_swap`, a notify
-//!   flushes this rank's earlier operations and then updates the signal atomically
-//!   (`MPI_Accumulate` with `MPI_SUM`, or a compare-and-swap loop for a store), and waits poll
-//!   the signal with `MPI_Fetch_and_op` (which also drives MPI's progress), then `MPI_Win_sync`
-//!   before the data is read. Collectives are MPI's own (`MPI_Iallreduce`, ...).
+//!   are `MPI_Put` / `MPI_Get`; atomics are `MPI_Fetch_and_op`, `MPI_Compare_and_swap` and
+//!   `MPI_Accumulate`; a notify flushes this rank's earlier operations, then updates the signal
+//!   atomically (`MPI_Accumulate` with `MPI_SUM`, or a compare-and-swap loop for a store); waits
+//!   poll the signal with `MPI_Fetch_and_op` (which also drives MPI's progress), then
+//!   `MPI_Win_sync` before the data is read. Collectives are MPI's own (`MPI_Allreduce`, ...).
 //! * **shared** windows (`MPI_Win_allocate_shared`, when every rank is on one node): every rank
 //!   maps every rank's part, so the same direct loads, stores and parking waits as the shm
-//!   backend run, and collectives are pto's own (faster than MPI's on one node; see
-//!   `docs/BENCHMARKS.md`).
+//!   backend run, and collectives are pto's own, except mid-size allreduces where MPI's is
+//!   faster ([`crate::MPI_NATIVE_BYTES`]; see `docs/BENCHMARKS.md`).
 //!
 //! The mode is `shared` when all ranks share a node and `rma` otherwise; `PTO_MPI_WINDOWS=rma`
 //! forces RMA windows on one node (to test that path). Barriers are `MPI_Ibarrier` completed
@@ -853,11 +853,39 @@ impl RmaWin {
         let rc = unsafe { ffi::MPI_Win_flush_all(self.win.0) };
         self.ok(rc, "MPI_Win_flush_all")?;
         if add {
-            self.fetch_add_u32(rank, offset, v)?;
+            self.accumulate_u32(rank, offset, v)?;
         } else {
             self.swap_u32(rank, offset, v)?;
         }
         Ok(())
+    }
+
+    /// `MPI_Accumulate` (`MPI_SUM`) of a `u32`: an atomic add whose old value is not needed,
+    /// complete at the target on return.
+    pub(crate) fn accumulate_u32(
+        &self,
+        rank: usize,
+        offset: usize,
+        v: u32,
+    ) -> Result<(), CommError> {
+        let _mpi = lock();
+        // SAFETY: `offset` is 4-aligned and inside the window (checked by the caller); `v`
+        // lives until the flush; predefined handles.
+        let rc = unsafe {
+            ffi::MPI_Accumulate(
+                (&v as *const u32).cast(),
+                1,
+                ffi::RSMPI_UINT32_T,
+                rank as c_int,
+                (self.pads[rank] + offset) as ffi::MPI_Aint,
+                1,
+                ffi::RSMPI_UINT32_T,
+                ffi::RSMPI_SUM,
+                self.win.0,
+            )
+        };
+        self.ok(rc, "MPI_Accumulate")?;
+        self.flush(rank)
     }
 }
 
