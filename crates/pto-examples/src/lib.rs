@@ -24,6 +24,7 @@ mod chip;
 mod collectives_ex;
 pub mod dist;
 mod notify;
+pub mod programs;
 mod worker_examples;
 
 pub use dist::{RankFn, RankOutcome};

@@ -216,29 +216,7 @@ pub(crate) fn ffn_tp_parallel_worker(
         .chips(chips)
         .cores(args.cores.0.max(1), args.cores.1.max(1))
         .collectives(64 << 10)
-        .program("ffn", kernels()?, move |o, call| {
-            let r = call.rank;
-            let (x, wt, y) = (
-                row(call.tensor(0)?, r, &[d, d])?,
-                row(call.tensor(1)?, r, &[d, d])?,
-                row(call.tensor(2)?, r, &[d, d])?,
-            );
-            let partial = o
-                .submit(
-                    "matmul",
-                    TaskArgs::new()
-                        .input(&x)
-                        .input(&wt)
-                        .output(&[d, d], DType::F32),
-                )?
-                .out(0)?;
-            o.submit("allreduce_sum", TaskArgs::new().inout(&partial))?;
-            o.submit(
-                "copy_f32",
-                TaskArgs::new().input(&partial).output_existing(&y),
-            )?;
-            Ok(())
-        })
+        .program("ffn", kernels()?, crate::programs::ffn)
         .init()
         .map_err(args_err)?;
     let mk = || w.tensor(&[chips, d, d], DType::F32).map_err(args_err);
@@ -284,18 +262,7 @@ pub(crate) fn allreduce_distributed_worker(
             BufferSpec::new("scratch", DType::F32, len),
             BufferSpec::new("signals", DType::U32, 16 * chips),
         ]))
-        .program("allreduce", kernels()?, move |o, call| {
-            let r = call.rank;
-            let (i, out) = (
-                row(call.tensor(0)?, r, &[len])?,
-                row(call.tensor(1)?, r, &[len])?,
-            );
-            o.submit(
-                "allreduce_4phase",
-                TaskArgs::new().input(&i).output_existing(&out),
-            )
-            .map(|_| ())
-        })
+        .program("allreduce", kernels()?, crate::programs::allreduce_four_phase)
         .init()
         .map_err(args_err)?;
     let ins = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
@@ -538,23 +505,7 @@ fn notify_worker(
                         .scalar(1.0f32),
                 )?;
             } else {
-                let mailbox = call
-                    .comm
-                    .as_ref()
-                    .ok_or_else(|| pto_core::OrchError::msg("no comm"))?
-                    .window(0)
-                    .and_then(|w| w.local_tensor("mailbox"))
-                    .map_err(|e| pto_core::OrchError::msg(e.to_string()))?;
-                o.submit("put_notify", TaskArgs::new().input(&i))?;
-                let tok = o.submit("notify_wait", tok_args)?.out(0)?;
-                o.submit(
-                    "consume",
-                    TaskArgs::new()
-                        .input(&tok)
-                        .input(&mailbox)
-                        .output_existing(&res)
-                        .scalar(0.0f32),
-                )?;
+                return crate::programs::deferred_notify(o, call);
             }
             Ok(())
         })
