@@ -204,6 +204,13 @@ impl Buffer {
         }
     }
 
+    /// The address of the first byte, for zero-copy views from other languages (numpy arrays
+    /// in the Python package). Access through it bypasses the borrow table: such views must not
+    /// be touched while a run uses the buffer.
+    pub fn addr(&self) -> usize {
+        self.base_ptr() as usize
+    }
+
     /// A process-unique id; the key under which the dependency engine tracks accesses.
     pub fn id(&self) -> u64 {
         self.inner.id
