@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages pto's tests need on a fresh Debian/Ubuntu machine: Open MPI (the
-# `mpi` feature and `mpirun`), libclang (bindgen in mpi-sys) and iproute2 (the two-host MPI test
-# creates network namespaces). Does nothing when they are present. Needs root or sudo.
+# `mpi` feature and `mpirun`), libclang (bindgen in mpi-sys), iproute2 (the two-host MPI test
+# creates network namespaces), and python3 with venv (the Python package's tests). Does nothing
+# when they are present. Needs root or sudo.
 set -euo pipefail
 
 missing=()
@@ -9,6 +10,8 @@ command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev)
 command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/*/libclang*.so* >/dev/null 2>&1 || missing+=(libclang-dev)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+python3 -c "import venv, ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

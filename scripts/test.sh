@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Open MPI, libclang and iproute2, for the mpi backend's tests.
+# Open MPI, libclang and iproute2 (the mpi backend's tests), python3 with venv (the Python package).
 bash scripts/install-deps.sh
 
 # Every test runs on a build with the mpi backend enabled (it changes nothing for the other
@@ -21,6 +21,16 @@ cargo nextest run --workspace --profile ci --features "$FEATURES"
 
 echo "== documentation examples"
 cargo test --workspace --doc --quiet --features "$FEATURES"
+
+echo "== Python package: pip install ./python (into a fresh venv) and its pytest suite"
+venv=target/py-venv
+rm -rf "$venv"
+python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+# maturin builds the extension with cargo; keep its artifacts in this repository's target/.
+CARGO_TARGET_DIR="$PWD/target/pto-py" "$venv/bin/python" -m pip install -q "./python[test]"
+# Run from the repository root, so that the installed package (not python/pto) is imported.
+"$venv/bin/python" -m pytest -q python/tests
 
 echo "== no stale shared-memory segments left behind"
 if ls /dev/shm 2>/dev/null | grep -q '^pto'; then

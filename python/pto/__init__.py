@@ -121,8 +121,9 @@ class Worker:
         timeout: Optional[float] = None,
     ) -> None:
         specs = [(n, _dtype_name(d), int(c)) for (n, d, c) in (buffers or [])]
+        aic, aiv = cores
         self._w = _native.Worker(
-            chips, tuple(cores), sub_workers, specs, collectives, comm, subs, timeout
+            chips, (int(aic), int(aiv)), sub_workers, specs, collectives, comm, subs, timeout
         )
 
     @property

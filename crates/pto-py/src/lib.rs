@@ -696,8 +696,10 @@ fn run_ranks(py: Python<'_>, n: usize, f: Py<PyAny>) -> PyResult<Vec<Py<PyAny>>>
     let results = py
         .detach(|| {
             pto_comm::local::run(n, |comm| {
+                // Collective (a window barrier): set up before taking the GIL, which the
+                // other ranks need to get here.
+                let co = Collectives::new(&comm, 1 << 20).map_err(|e| e.to_string())?;
                 Python::attach(|py| -> Result<Py<PyAny>, String> {
-                    let co = Collectives::new(&comm, 1 << 20).map_err(|e| e.to_string())?;
                     let c = Bound::new(py, Comm { comm, co }).map_err(|e| e.to_string())?;
                     f.call1(py, (c,)).map_err(|e| e.to_string())
                 })
