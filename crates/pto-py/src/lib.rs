@@ -217,9 +217,11 @@ fn parse_args(args: &Bound<'_, PyAny>) -> PyResult<Vec<Arg>> {
                 "out" => ArgMode::OutputExisting,
                 "inout" => ArgMode::InOut,
                 "nodep" => ArgMode::NoDep,
-                other => return Err(PyValueError::new_err(format!(
+                other => {
+                    return Err(PyValueError::new_err(format!(
                     "unknown argument mode {other:?}: use pto.IN, pto.OUT, pto.INOUT or pto.NODEP"
-                ))),
+                )))
+                }
             };
             out.push(Arg::Tensor(tensor_of(&arr)?, m));
         } else if let Ok(i) = a.extract::<i64>() {
