@@ -262,7 +262,11 @@ pub(crate) fn allreduce_distributed_worker(
             BufferSpec::new("scratch", DType::F32, len),
             BufferSpec::new("signals", DType::U32, 16 * chips),
         ]))
-        .program("allreduce", kernels()?, crate::programs::allreduce_four_phase)
+        .program(
+            "allreduce",
+            kernels()?,
+            crate::programs::allreduce_four_phase,
+        )
         .init()
         .map_err(args_err)?;
     let ins = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
