@@ -35,6 +35,15 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         .chips(4)
         .cores(1, 2)
         .program("empty", KernelRegistry::new(), |_, _| Ok(()))
+        // One kernel on 16 floats: what a Python `Worker.run` of `vector_scale` does.
+        .program("scale", pto::kernels::registry()?, |o, call| {
+            let (a, b) = (call.tensor(0)?, call.tensor(1)?);
+            o.submit(
+                "vector_scale",
+                TaskArgs::new().input(a).output_existing(b).scalar(2.0f64),
+            )
+            .map(|_| ())
+        })
         .init()?;
     let runs = a.tasks.clamp(100, 20_000);
     let time_runs = |f: &dyn Fn() -> anyhow::Result<()>| -> anyhow::Result<f64> {
@@ -51,6 +60,15 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     };
     let chip_us = time_runs(&|| {
         w.run(|h| h.submit_chip(0, "empty", TaskArgs::new()).map(|_| ()))?;
+        Ok(())
+    })?;
+    let (x, y) = (w.tensor(&[16], DType::F32)?, w.tensor(&[16], DType::F32)?);
+    let kernel_us = time_runs(&|| {
+        let (x, y) = (x.clone(), y.clone());
+        w.run(move |h| {
+            h.submit_chip(0, "scale", TaskArgs::new().input(&x).output_existing(&y))
+                .map(|_| ())
+        })?;
         Ok(())
     })?;
     let host_only_us = time_runs(&|| {
@@ -80,6 +98,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         json!({"bench": "worker_init", "chips": 4, "ms": r3(median(inits))}),
         json!({"bench": "worker_chip_roundtrip", "chips": 4, "median_us": r3(chip_us),
                "host_dummy_run_median_us": r3(host_only_us), "ratio_vs_host_only": r3(chip_us / host_only_us)}),
+        json!({"bench": "worker_chip_kernel_roundtrip", "chips": 4, "kernel": "vector_scale", "floats": 16, "median_us": r3(kernel_us)}),
         json!({"bench": "worker_chip_tasks", "tasks": n, "us_per_task": r3(per_task_us)}),
     ];
     for l in lines {
