@@ -405,10 +405,20 @@ impl MpiComm {
             region,
             RmaWin {
                 win: H(win),
+                me: self.rank()?,
                 pads: pads.into_iter().map(usize::from).collect(),
                 comm: self.clone(),
             },
         ))
+    }
+
+    fn rank(&self) -> Result<usize, CommError> {
+        let mut r: c_int = 0;
+        let _mpi = lock();
+        // SAFETY: the communicator is valid while `self` lives.
+        let rc = unsafe { ffi::MPI_Comm_rank(self.comm.0, &mut r) };
+        self.ok(rc, "MPI_Comm_rank")?;
+        Ok(r as usize)
     }
 
     fn size(&self) -> Result<usize, CommError> {
@@ -660,6 +670,8 @@ unsafe impl Memory for MpiMemory {
 /// A passive-target RMA window (locked with `MPI_Win_lock_all` for its whole life).
 pub(crate) struct RmaWin {
     win: H<ffi::MPI_Win>,
+    /// This rank in the window's communicator.
+    me: usize,
     /// Per member, where its part starts in its MPI allocation (64-byte alignment).
     pads: Vec<usize>,
     comm: Arc<MpiComm>,
@@ -699,66 +711,79 @@ impl RmaWin {
         self.ok(unsafe { ffi::MPI_Win_sync(self.win.0) }, "MPI_Win_sync")
     }
 
+    /// Runs `op(start, n, displacement)` over `len` bytes at `(rank, offset)` in pieces of at
+    /// most 1 GiB (MPI counts are ints), then `complete(rank)` after each piece.
+    fn chunked(
+        &self,
+        rank: usize,
+        offset: usize,
+        len: usize,
+        call: &'static str,
+        mut op: impl FnMut(usize, c_int, ffi::MPI_Aint) -> c_int,
+        complete: impl Fn(usize) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        const PIECE: usize = 1 << 30;
+        let _mpi = lock();
+        let mut start = 0;
+        while start < len {
+            let n = (len - start).min(PIECE);
+            let disp = (self.pads[rank] + offset + start) as ffi::MPI_Aint;
+            self.ok(op(start, n as c_int, disp), call)?;
+            complete(rank)?;
+            start += n;
+        }
+        Ok(())
+    }
+
     /// `MPI_Put` of `src` to `(rank, offset)`, complete at the origin on return.
     pub(crate) fn put(&self, rank: usize, offset: usize, src: &[u8]) -> Result<(), CommError> {
-        let _mpi = lock();
-        for (i, chunk) in src.chunks(1 << 30).enumerate() {
-            let n = chunk.len() as c_int;
-            // SAFETY: the target range is inside the window (checked by the caller); `chunk`
-            // stays borrowed until flush_local completes the transfer.
-            let rc = unsafe {
+        let win = self.win.0;
+        let put = |start: usize, n: c_int, disp: ffi::MPI_Aint| {
+            // SAFETY: `start + n <= src.len()`; the target range is inside the window (checked
+            // by the caller); `src` stays borrowed until flush_local completes the transfer.
+            unsafe {
                 ffi::MPI_Put(
-                    chunk.as_ptr().cast(),
+                    src.as_ptr().add(start).cast(),
                     n,
                     ffi::RSMPI_UINT8_T,
                     rank as c_int,
-                    (self.pads[rank] + offset + (i << 30)) as ffi::MPI_Aint,
+                    disp,
                     n,
                     ffi::RSMPI_UINT8_T,
-                    self.win.0,
+                    win,
                 )
-            };
-            self.ok(rc, "MPI_Put")?;
+            }
+        };
+        self.chunked(rank, offset, src.len(), "MPI_Put", put, |r| {
             // SAFETY: as in `flush`.
-            let rc = unsafe { ffi::MPI_Win_flush_local(rank as c_int, self.win.0) };
-            self.ok(rc, "MPI_Win_flush_local")?;
-        }
-        Ok(())
+            let rc = unsafe { ffi::MPI_Win_flush_local(r as c_int, win) };
+            self.ok(rc, "MPI_Win_flush_local")
+        })
     }
 
     /// `MPI_Get` of `dst.len()` bytes from `(rank, offset)`, complete on return.
     pub(crate) fn get(&self, rank: usize, offset: usize, dst: &mut [u8]) -> Result<(), CommError> {
-        let _mpi = lock();
-        if rank == self.comm_rank_of_me() {
+        if rank == self.me {
             self.sync()?;
         }
-        for (i, chunk) in dst.chunks_mut(1 << 30).enumerate() {
-            let n = chunk.len() as c_int;
-            // SAFETY: as in `put`; `chunk` is exclusively borrowed until the flush.
-            let rc = unsafe {
+        let (win, len, base) = (self.win.0, dst.len(), dst.as_mut_ptr());
+        let get = |start: usize, n: c_int, disp: ffi::MPI_Aint| {
+            // SAFETY: `start + n <= dst.len()`; `dst` is exclusively borrowed until the flush;
+            // the source range is inside the window (checked by the caller).
+            unsafe {
                 ffi::MPI_Get(
-                    chunk.as_mut_ptr().cast(),
+                    base.add(start).cast(),
                     n,
                     ffi::RSMPI_UINT8_T,
                     rank as c_int,
-                    (self.pads[rank] + offset + (i << 30)) as ffi::MPI_Aint,
+                    disp,
                     n,
                     ffi::RSMPI_UINT8_T,
-                    self.win.0,
+                    win,
                 )
-            };
-            self.ok(rc, "MPI_Get")?;
-            self.flush(rank)?;
-        }
-        Ok(())
-    }
-
-    fn comm_rank_of_me(&self) -> usize {
-        let _mpi = lock();
-        let mut r: c_int = 0;
-        // SAFETY: the communicator is valid while the window lives.
-        unsafe { ffi::MPI_Comm_rank(self.comm.comm.0, &mut r) };
-        r as usize
+            }
+        };
+        self.chunked(rank, offset, len, "MPI_Get", get, |r| self.flush(r))
     }
 
     fn fetch_op<T: bytemuck::Pod + Default>(

@@ -97,22 +97,7 @@ pub(crate) fn deferred_notify(comm: &Comm, args: &RunArgs) -> Result<RankOutcome
     let result = Tensor::zeros(&[len], DType::F32)?;
     let res = result.clone();
     let program = Program::new("deferred_notify", kernels()?, move |o| {
-        o.submit("put_notify", TaskArgs::new().input(&partial))?;
-        let tok = o
-            .submit(
-                "notify_wait",
-                TaskArgs::new().output(&[1], DType::I32).deferred(),
-            )?
-            .out(0)?;
-        o.submit(
-            "consume",
-            TaskArgs::new()
-                .input(&tok)
-                .input(&mailbox)
-                .output_existing(&res)
-                .scalar(0.0f32),
-        )?;
-        Ok(())
+        crate::programs::deferred_notify_tasks(o, &partial, &mailbox, &res)
     });
     let report = chip.run_with(&program, RunOptions { trace: args.trace })?;
     let prev = (r + n - 1) % n;
@@ -146,21 +131,7 @@ pub(crate) fn async_notify(comm: &Comm, args: &RunArgs) -> Result<RankOutcome, E
                 TaskArgs::new().input(&tin).output(&[len], DType::F32),
             )?
             .out(0)?;
-        let tok = o
-            .submit(
-                "notify_wait",
-                TaskArgs::new().output(&[1], DType::I32).deferred(),
-            )?
-            .out(0)?;
-        o.submit(
-            "consume",
-            TaskArgs::new()
-                .input(&tok)
-                .input(&out)
-                .output_existing(&res)
-                .scalar(1.0f32),
-        )?;
-        Ok(())
+        crate::programs::wait_then_consume(o, &out, &res, 1.0)
     });
     let report = chip.run_with(&program, RunOptions { trace: args.trace })?;
     let want: Vec<f64> = input.iter().map(|&x| 2.0 * f64::from(x) + 1.0).collect();

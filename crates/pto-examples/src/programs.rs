@@ -117,7 +117,29 @@ pub(crate) fn deferred_notify(o: &mut Orch<'_>, call: &ChipCall) -> Result<(), O
         .window(0)
         .and_then(|w| w.local_tensor("mailbox"))
         .map_err(|e| OrchError::msg(e.to_string()))?;
-    o.submit("put_notify", TaskArgs::new().input(&i))?;
+    deferred_notify_tasks(o, &i, &mailbox, &res)
+}
+
+/// `deferred_notify`'s tasks on one chip: put `input` into the next rank's mailbox and notify
+/// its counter, a deferred wait for this rank's counter, then `result = mailbox`.
+pub(crate) fn deferred_notify_tasks(
+    o: &mut Orch<'_>,
+    input: &Tensor,
+    mailbox: &Tensor,
+    result: &Tensor,
+) -> Result<(), OrchError> {
+    o.submit("put_notify", TaskArgs::new().input(input))?;
+    wait_then_consume(o, mailbox, result, 0.0)
+}
+
+/// A deferred wait for this rank's counter (`notify_wait`), then `result = data + add`
+/// (`consume`), which the wait's token orders after it.
+pub(crate) fn wait_then_consume(
+    o: &mut Orch<'_>,
+    data: &Tensor,
+    result: &Tensor,
+    add: f32,
+) -> Result<(), OrchError> {
     let tok = o
         .submit(
             "notify_wait",
@@ -128,9 +150,9 @@ pub(crate) fn deferred_notify(o: &mut Orch<'_>, call: &ChipCall) -> Result<(), O
         "consume",
         TaskArgs::new()
             .input(&tok)
-            .input(&mailbox)
-            .output_existing(&res)
-            .scalar(0.0f32),
+            .input(data)
+            .output_existing(result)
+            .scalar(add),
     )?;
     Ok(())
 }

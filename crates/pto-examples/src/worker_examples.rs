@@ -491,27 +491,16 @@ fn notify_worker(
                 row(call.tensor(0)?, r, &[len])?,
                 row(call.tensor(1)?, r, &[len])?,
             );
-            let tok_args = TaskArgs::new().output(&[1], DType::I32).deferred();
-            if asynchronous {
-                let out = o
-                    .submit(
-                        "double_notify",
-                        TaskArgs::new().input(&i).output(&[len], DType::F32),
-                    )?
-                    .out(0)?;
-                let tok = o.submit("notify_wait", tok_args)?.out(0)?;
-                o.submit(
-                    "consume",
-                    TaskArgs::new()
-                        .input(&tok)
-                        .input(&out)
-                        .output_existing(&res)
-                        .scalar(1.0f32),
-                )?;
-            } else {
+            if !asynchronous {
                 return crate::programs::deferred_notify(o, call);
             }
-            Ok(())
+            let out = o
+                .submit(
+                    "double_notify",
+                    TaskArgs::new().input(&i).output(&[len], DType::F32),
+                )?
+                .out(0)?;
+            crate::programs::wait_then_consume(o, &out, &res, 1.0)
         })
         .init()
         .map_err(args_err)?;
