@@ -475,21 +475,25 @@ impl MpiComm {
         })
     }
 
-    /// `MPI_Allgather` of `mine.len()` bytes per rank into `out`.
-    pub(crate) fn allgather(
+    /// `MPI_Allgather` or `MPI_Alltoall` (same signature) of `count` bytes per rank from
+    /// `send` into `out`.
+    fn byte_exchange(
         &self,
-        mine: &[u8],
+        call: &'static str,
+        f: ByteExchangeFn,
+        send: &[u8],
         out: &mut [u8],
+        count: usize,
         deadline: Instant,
     ) -> Result<(), CommError> {
-        let count = int(mine.len(), self.world_rank, "MPI_Allgather")?;
+        let count = int(count, self.world_rank, call)?;
         let comm = self.comm.0;
-        self.blocking("MPI_Allgather", deadline, || {
-            // SAFETY: `out` holds size × count bytes (checked by the caller); both outlive
-            // the blocking call.
+        self.blocking(call, deadline, || {
+            // SAFETY: the caller sized `send` and `out` for `count` bytes per rank; both
+            // outlive the blocking call; `f` is an MPI function of this signature.
             unsafe {
-                ffi::MPI_Allgather(
-                    mine.as_ptr().cast(),
+                f(
+                    send.as_ptr().cast(),
                     count,
                     ffi::RSMPI_UINT8_T,
                     out.as_mut_ptr().cast(),
@@ -499,6 +503,23 @@ impl MpiComm {
                 )
             }
         })
+    }
+
+    /// `MPI_Allgather` of `mine.len()` bytes per rank into `out`.
+    pub(crate) fn allgather(
+        &self,
+        mine: &[u8],
+        out: &mut [u8],
+        deadline: Instant,
+    ) -> Result<(), CommError> {
+        self.byte_exchange(
+            "MPI_Allgather",
+            ffi::MPI_Allgather,
+            mine,
+            out,
+            mine.len(),
+            deadline,
+        )
     }
 
     /// `MPI_Bcast` of `data` from `root`.
@@ -532,22 +553,14 @@ impl MpiComm {
         block: usize,
         deadline: Instant,
     ) -> Result<(), CommError> {
-        let count = int(block, self.world_rank, "MPI_Alltoall")?;
-        let comm = self.comm.0;
-        self.blocking("MPI_Alltoall", deadline, || {
-            // SAFETY: both buffers hold size × block bytes (checked by the caller).
-            unsafe {
-                ffi::MPI_Alltoall(
-                    send.as_ptr().cast(),
-                    count,
-                    ffi::RSMPI_UINT8_T,
-                    out.as_mut_ptr().cast(),
-                    count,
-                    ffi::RSMPI_UINT8_T,
-                    comm,
-                )
-            }
-        })
+        self.byte_exchange(
+            "MPI_Alltoall",
+            ffi::MPI_Alltoall,
+            send,
+            out,
+            block,
+            deadline,
+        )
     }
 }
 
@@ -581,6 +594,18 @@ fn in_place() -> Option<*const c_void> {
     });
     v.map(|a| a as *const c_void)
 }
+
+/// `MPI_Allgather` and `MPI_Alltoall`: send buffer, count, type, receive buffer, count, type,
+/// communicator.
+type ByteExchangeFn = unsafe extern "C" fn(
+    *const c_void,
+    c_int,
+    ffi::MPI_Datatype,
+    *mut c_void,
+    c_int,
+    ffi::MPI_Datatype,
+    ffi::MPI_Comm,
+) -> c_int;
 
 /// The blocking MPI call in progress, if any: its deadline, the caller's rank and the call.
 /// Calls are serialized by `MPI_LOCK`, so there is at most one.
