@@ -122,9 +122,18 @@ class Worker:
     ) -> None:
         specs = [(n, _dtype_name(d), int(c)) for (n, d, c) in (buffers or [])]
         aic, aiv = cores
-        self._w = _native.Worker(
-            chips, (int(aic), int(aiv)), sub_workers, specs, collectives, comm, subs, timeout
-        )
+        try:
+            self._w = _native.Worker(
+                chips, (int(aic), int(aiv)), sub_workers, specs, collectives, comm, subs, timeout
+            )
+        except WorkerError as e:
+            if "before any thread starts" in str(e):
+                raise WorkerError(
+                    f"{e}. From Python: create Workers before starting threads, and import pto "
+                    "before numpy (or set OPENBLAS_NUM_THREADS=1) so that numpy's BLAS does not "
+                    "start threads"
+                ) from None
+            raise
 
     @property
     def chips(self) -> int:

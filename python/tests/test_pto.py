@@ -108,6 +108,19 @@ def test_bad_input_is_a_clear_exception():
         np.testing.assert_array_equal(b, np.full(8, 5.0))
 
 
+def test_a_process_with_threads_gets_a_hint_instead_of_a_fork():
+    code = (
+        "import threading, time, pto\n"
+        "t = threading.Thread(target=time.sleep, args=(1,)); t.start()\n"
+        "try:\n"
+        "    pto.Worker(chips=1)\n"
+        "except pto.WorkerError as e:\n"
+        "    print(e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "before any thread starts" in r.stdout and "import pto before numpy" in r.stdout, r
+
+
 def test_a_closed_worker_refuses_work():
     w = pto.Worker(chips=1)
     w.close()
