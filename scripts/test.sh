@@ -16,6 +16,13 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi
 
+# The two-host MPI test creates network namespaces, which needs root; elsewhere it is skipped,
+# and said so here (CI runs as root).
+if [ "$(id -u)" -ne 0 ] && [ -z "${PTO_SKIP_TWO_HOSTS:-}" ]; then
+  echo "note: not root: the two-host MPI test (network namespaces) is SKIPPED in this run" >&2
+  export PTO_SKIP_TWO_HOSTS=1
+fi
+
 echo "== unit, integration and property tests (nextest)"
 cargo nextest run --workspace --profile ci --features "$FEATURES"
 
