@@ -35,3 +35,12 @@ if command -v mpicc >/dev/null && [ -f "$anchors/mpi_osu.c" ]; then
 else
   echo "note: Open MPI not installed; MPI anchors and the mpi backend skipped" >&2
 fi
+
+# Python (when the package is installed in target/py-venv by scripts/test.sh): its Worker costs,
+# beside `pto bench worker` above (the Rust baseline, same run).
+if [ -x target/py-venv/bin/python ]; then
+  echo "# Python package (same run)"
+  target/py-venv/bin/python python/bench/roundtrip.py
+else
+  echo "note: no target/py-venv (run scripts/test.sh first); Python figures skipped" >&2
+fi
