@@ -67,7 +67,7 @@ pub fn detected() -> bool {
 
 /// How windows are allocated and accessed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// `MPI_Win_allocate_shared`: direct access, one node only.
     Shared,
     /// `MPI_Win_allocate` with RMA calls: any number of nodes.
