@@ -102,8 +102,18 @@ pub(crate) fn deferred_notify(comm: &Comm, args: &RunArgs) -> Result<RankOutcome
     let report = chip.run_with(&program, RunOptions { trace: args.trace })?;
     let prev = (r + n - 1) % n;
     let want = vec![(prev + 1) as f64; len];
+    verdict(w, report, &result, &want)
+}
+
+/// Checks `result` against `want`, releases the window, and makes the rank's outcome.
+fn verdict(
+    w: pto_comm::Window,
+    report: pto_core::RunReport,
+    result: &Tensor,
+    want: &[f64],
+) -> Result<RankOutcome, ExampleError> {
     let got: Vec<f64> = result.read::<f32>()?.into_iter().map(f64::from).collect();
-    let (passed, detail) = compare("result", &got, &want, 0.0);
+    let (passed, detail) = compare("result", &got, want, 0.0);
     // Nobody may still be writing into a window when it goes away.
     w.release()?;
     Ok(RankOutcome {
@@ -135,13 +145,5 @@ pub(crate) fn async_notify(comm: &Comm, args: &RunArgs) -> Result<RankOutcome, E
     });
     let report = chip.run_with(&program, RunOptions { trace: args.trace })?;
     let want: Vec<f64> = input.iter().map(|&x| 2.0 * f64::from(x) + 1.0).collect();
-    let got: Vec<f64> = result.read::<f32>()?.into_iter().map(f64::from).collect();
-    let (passed, detail) = compare("result", &got, &want, 0.0);
-    w.release()?;
-    Ok(RankOutcome {
-        passed,
-        detail,
-        tasks: report.stats.tasks,
-        events: report.trace.map(|t| t.chrome_events()).unwrap_or_default(),
-    })
+    verdict(w, report, &result, &want)
 }
