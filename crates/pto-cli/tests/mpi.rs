@@ -102,3 +102,35 @@ fn text_output_names_the_backend_and_the_golden() {
         "{out}"
     );
 }
+
+#[test]
+fn a_trace_holds_every_ranks_chip() {
+    let path = std::env::temp_dir().join(format!("pto-mpi-trace-{}.json", std::process::id()));
+    let p = path.to_string_lossy().into_owned();
+    let (code, out, err) = pto(
+        &[
+            "run",
+            "ffn_tp_parallel",
+            "--backend",
+            "mpi",
+            "--ranks",
+            "2",
+            "--trace",
+            &p,
+        ],
+        "shared",
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let events = doc["traceEvents"].as_array().unwrap();
+    for rank in 0..2 {
+        assert!(
+            events
+                .iter()
+                .any(|e| e["pid"] == rank && e["name"] == "matmul"),
+            "no matmul of rank {rank} in {events:?}"
+        );
+    }
+}

@@ -118,7 +118,7 @@ const VERDICT: usize = 512;
 
 /// Runs `ex`'s rank body on this rank of `comm` (any backend; the MPI backend's SPMD form),
 /// then exchanges every rank's verdict, so that every rank returns the same [`Outcome`] for
-/// all ranks. Trace events stay with each rank and are not gathered.
+/// all ranks; with `args.trace`, every rank's trace events too.
 ///
 /// # Collective
 ///
@@ -168,8 +168,32 @@ pub fn run_on(ex: &Example, comm: &Comm, args: &RunArgs) -> Result<Outcome, Exam
         })
         .collect();
     let mut out = gather(ex, comm.size(), outcomes, wall);
-    if let Ok(o) = mine {
-        out.events = o.events;
+    if args.trace {
+        let events = mine.map(|o| o.events).unwrap_or_default();
+        out.events = gather_events(&co, comm.size(), events)?;
+    }
+    Ok(out)
+}
+
+/// Every rank's trace events, in rank order (each rank's as JSON text, padded to the longest).
+fn gather_events(
+    co: &pto_comm::Collectives,
+    n: usize,
+    events: Vec<Value>,
+) -> Result<Vec<Value>, ExampleError> {
+    let text = serde_json::to_vec(&events).map_err(|e| ExampleError::Args(e.to_string()))?;
+    let mut lens = vec![0u64; n];
+    co.allgather(&[text.len() as u64], &mut lens)?;
+    let width = lens.iter().copied().max().unwrap_or(0) as usize;
+    let mut mine = text;
+    mine.resize(width, b' ');
+    let mut all = vec![0u8; width * n];
+    co.allgather(&mine, &mut all)?;
+    let mut out = Vec::new();
+    for chunk in all.chunks(width.max(1)).take(n) {
+        let v: Vec<Value> =
+            serde_json::from_slice(chunk).map_err(|e| ExampleError::Args(e.to_string()))?;
+        out.extend(v);
     }
     Ok(out)
 }

@@ -45,9 +45,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
         eprint!("\r\x1b[2K");
     }
     if let (Some(path), Ok(o)) = (&a.trace, &result) {
-        let doc = json!({ "traceEvents": o.events, "displayTimeUnit": "ns" });
-        std::fs::write(path, doc.to_string())
-            .with_context(|| format!("writing the trace to {}", path.display()))?;
+        write_trace(path, o)?;
     }
     let backend_name = if ex.ranks.is_some() || ex.worker.is_some() {
         backend.name()
@@ -55,6 +53,13 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
         "local"
     };
     Ok(report(ex, a, ranks, backend_name, &result))
+}
+
+/// Writes every chip's trace events as one Chrome trace.
+fn write_trace(path: &std::path::Path, o: &Outcome) -> anyhow::Result<()> {
+    let doc = json!({ "traceEvents": o.events, "displayTimeUnit": "ns" });
+    std::fs::write(path, doc.to_string())
+        .with_context(|| format!("writing the trace to {}", path.display()))
 }
 
 /// Prints the verdict (text or one JSON object); exit code 0 only on a match.
@@ -125,9 +130,6 @@ mod mpi {
         a: &RunArgs,
         args: &pto_examples::RunArgs,
     ) -> anyhow::Result<ExitCode> {
-        if a.trace.is_some() {
-            bail!("--trace is not supported with --backend mpi yet");
-        }
         if !pto_comm::mpi::detected() {
             return crate::command::mpi_launch::relaunch(a.ranks.unwrap_or(1));
         }
@@ -141,6 +143,9 @@ mod mpi {
         }
         let result = pto_examples::dist::run_on(ex, &comm, args);
         if comm.rank() == 0 {
+            if let (Some(path), Ok(o)) = (&a.trace, &result) {
+                write_trace(path, o)?;
+            }
             return Ok(report(ex, a, comm.size(), "mpi", &result));
         }
         Ok(match result {
