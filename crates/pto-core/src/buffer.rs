@@ -9,8 +9,10 @@
 //! The DAG engine orders every two tasks whose accesses to the same buffer overlap (read after
 //! write, write after write, write after read). Tasks the user chose not to track (`NO_DEP`
 //! arguments, manual scopes) are still guarded: before a task runs, it registers a *borrow* of
-//! each region it touches, and a write borrow that overlaps any other live borrow (or a read
-//! that overlaps a live write) is refused. A refused borrow fails the task with a data-race
+//! each region it touches, and a write borrow that shares a byte with any other live borrow (or
+//! a read that shares one with a live write) is refused. The test is exact
+//! ([`crate::intersects`]): the engine may let two tasks run together when their views only look
+//! alike (a conservative overlap answer), and that must not count as a race. A refused borrow fails the task with a data-race
 //! error instead of letting two threads alias memory. Host code that reads or writes a buffer
 //! directly ([`crate::Tensor::read`], [`crate::Tensor::write`]) registers borrows the same way.
 
@@ -24,7 +26,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::tensor::{overlap, Overlap, Region};
+use crate::tensor::{intersects, Region};
 
 /// Alignment of every buffer's base address, in bytes.
 pub const BUFFER_ALIGN: usize = 64;
@@ -242,10 +244,7 @@ impl Buffer {
     ) -> Result<(), BorrowConflict> {
         let mut borrows = self.inner.borrows.lock();
         for b in borrows.iter() {
-            if b.token != token
-                && (write || b.write)
-                && overlap(region, &b.region) != Overlap::Disjoint
-            {
+            if b.token != token && (write || b.write) && intersects(region, &b.region) {
                 return Err(BorrowConflict { other: b.token });
             }
         }

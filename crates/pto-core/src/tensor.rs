@@ -275,8 +275,8 @@ impl Region {
 ///
 /// Conservative: when the layouts cannot be compared exactly (different strides or dtypes over
 /// non-contiguous views) any intersection of byte extents counts as [`Overlap::Partial`]. The
-/// dependency engine and the borrow table use this same test, so tasks the engine lets run
-/// together never collide in the borrow table.
+/// dependency engine uses it; the borrow table uses the exact [`intersects`], because the
+/// engine's pruning of covered entries is only transitive for exact answers (see there).
 pub fn overlap(a: &Region, b: &Region) -> Overlap {
     if a.numel() == 0 || b.numel() == 0 {
         return Overlap::Disjoint;
@@ -646,6 +646,9 @@ impl Tensor {
         }
     }
 }
+
+mod intersect;
+pub use intersect::intersects;
 
 #[cfg(test)]
 mod tests;

@@ -415,8 +415,7 @@ impl Dag {
                 for &(j, tj, mj) in &existing[x + 1..] {
                     if (mi.writable() || mj.writable())
                         && ti.buffer() == tj.buffer()
-                        && crate::tensor::overlap(ti.region(), tj.region())
-                            != crate::tensor::Overlap::Disjoint
+                        && crate::tensor::intersects(ti.region(), tj.region())
                     {
                         return Err(invalid(
                         &kernel,

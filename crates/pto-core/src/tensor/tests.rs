@@ -174,3 +174,61 @@ proptest! {
         prop_assert_eq!(overlap(a.region(), b.region()), expect);
     }
 }
+
+fn arb_view_of_16x16() -> impl Strategy<Value = Region> {
+    // Views a program can make of one 16×16 f32 matrix: boxes, strided slices, transposes, and
+    // reinterpretations as a flat vector.
+    (
+        0usize..16,
+        1usize..=16,
+        0usize..16,
+        1usize..=16,
+        1usize..4,
+        1usize..4,
+        0u8..4,
+    )
+        .prop_map(|(r0, h, c0, w, sr, sc, kind)| {
+            let t = Tensor::zeros(&[16, 16], DType::F32).unwrap();
+            let (h, w) = (h.min(16 - r0), w.min(16 - c0));
+            let b = t.view(&[h, w], &[r0, c0]).unwrap();
+            let v = match kind {
+                0 => b,
+                1 => b.transpose(0, 1).unwrap(),
+                2 => b.slice(0, 0, h, sr).unwrap().slice(1, 0, w, sc).unwrap(),
+                _ => t
+                    .reshape(&[256])
+                    .unwrap()
+                    .slice(0, r0 * 16 + c0, 256, sr)
+                    .unwrap(),
+            };
+            *v.region()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// `intersects` is exact: true exactly when the regions share a byte.
+    #[test]
+    fn intersects_is_exact(a in arb_region(), b in arb_region()) {
+        let (ea, eb) = (elems(&a), elems(&b));
+        prop_assert_eq!(intersects(&a, &b), !ea.is_disjoint(&eb), "{:?} {:?}", a, b);
+    }
+
+    #[test]
+    fn intersects_is_exact_on_views(a in arb_view_of_16x16(), b in arb_view_of_16x16()) {
+        let (ea, eb) = (elems(&a), elems(&b));
+        prop_assert_eq!(intersects(&a, &b), !ea.is_disjoint(&eb), "{:?} {:?}", a, b);
+    }
+}
+
+/// The case that made the borrow table call a valid program racy: a one-element strided write
+/// next to a 2×2 box. The conservative test says "maybe" (different layouts); no byte is shared.
+#[test]
+fn a_box_beside_a_strided_element_does_not_intersect() {
+    let a = region(DType::I64, 10, &[1], &[3]);
+    let b = region(DType::I64, 8, &[2, 2], &[4, 1]);
+    assert_eq!(overlap(&b, &a), Overlap::Partial);
+    assert!(!intersects(&b, &a));
+    assert!(!intersects(&a, &b));
+}
