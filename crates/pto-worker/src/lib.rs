@@ -1164,6 +1164,22 @@ impl Worker {
         self.state.children.get(i).map(|c| c.pid.pid)
     }
 
+    /// Ends the Worker from any thread: marks it unusable with `why` and kills every child, so
+    /// that a run in progress (on another thread) fails within a few tens of milliseconds with
+    /// [`WorkerError::Broken`] naming `why`. Used for Ctrl-C in the Python module. Children are
+    /// reaped and segments removed by [`Worker::close`] (or drop) as usual.
+    pub fn abort(&self, why: &str) {
+        self.state.broken.lock().get_or_insert_with(|| why.to_string());
+        for c in &self.state.children {
+            c.mailbox.shutdown();
+            // A reaped child's pid may belong to another process by now.
+            let reaped = c.reaped.lock();
+            if !*reaped {
+                pto_shm::process::kill(c.pid.pid);
+            }
+        }
+    }
+
     /// Shuts every child down and reaps it (children that do not leave within a second are
     /// killed), then removes every segment of the Worker's world.
     pub fn close(mut self) {
