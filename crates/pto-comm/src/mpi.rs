@@ -136,7 +136,7 @@ fn ok(rc: c_int, rank: usize, call: &'static str) -> Result<(), CommError> {
 
 /// Prints `message` naming `rank` and ends the whole job.
 pub(crate) fn abort_job(rank: usize, message: &str) -> ! {
-    eprintln!("pto: rank {rank} aborts the MPI job: {message}");
+    pto_shm::eprint_line!("pto: rank {rank} aborts the MPI job: {message}");
     // SAFETY: MPI_Abort is callable at any time after MPI_Init; it does not return.
     unsafe {
         ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);

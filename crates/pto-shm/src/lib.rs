@@ -10,6 +10,7 @@
 //!   slices, checking a deadline and the liveness of the peers waited for).
 //! * [`process`]: process identity (pid plus start time) and liveness.
 //! * [`sweep`]: finds and removes segments whose creator died.
+//! * [`report`]: failure lines written with one `write`, so concurrent writers never split them.
 //!
 //! ```
 //! use std::sync::atomic::Ordering;
@@ -33,6 +34,7 @@
 pub mod barrier;
 pub mod futex;
 pub mod process;
+pub mod report;
 pub mod ring;
 mod segment;
 pub mod sweep;
