@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 # Open MPI, libclang and iproute2 (the mpi backend's tests), python3 with venv (the Python package).
 bash scripts/install-deps.sh
+echo "== install-deps.sh: its libclang check on fake machines"
+bash scripts/tests/install-deps-check.sh
 
 # Every test runs on a build with the mpi backend enabled (it changes nothing for the other
 # backends); the default build (no MPI) is built by the main job and linted by CI.
