@@ -195,6 +195,7 @@ impl Segment {
         };
         if let Err(e) = rustix::fs::fallocate(&fd, FallocateFlags::empty(), 0, len as u64) {
             let _ = shm::unlink(name);
+            tracing::debug!(segment = name, bytes = len, error = %e, "cannot size the segment");
             return Err(if e == rustix::io::Errno::NOSPC {
                 ShmError::NoSpace {
                     name: name.to_string(),
@@ -214,6 +215,7 @@ impl Segment {
             anon: false,
         };
         seg.publish(init);
+        tracing::debug!(segment = name, bytes = len, kind = init.kind, "segment created");
         Ok(seg)
     }
 
@@ -244,6 +246,14 @@ impl Segment {
         // The creator sizes the file before publishing; never map more than it holds.
         let len = loop {
             let st = rustix::fs::fstat(&fd).map_err(os("fstat", name))?;
+            // Anything but a regular file (a FIFO or a device someone named like a segment)
+            // is not ours: never map or wait on it.
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+                return Err(ShmError::BadHeader {
+                    name: name.to_string(),
+                    why: "not a regular file".into(),
+                });
+            }
             let len = usize::try_from(st.st_size).unwrap_or(0);
             if len >= HEADER_LEN {
                 break len;
@@ -269,6 +279,7 @@ impl Segment {
             std::thread::sleep(Duration::from_millis(1));
         }
         seg.validate()?;
+        tracing::debug!(segment = name, bytes = len, "segment opened");
         Ok(seg)
     }
 
@@ -452,7 +463,11 @@ impl Segment {
     pub fn unlink(name: &str) -> Result<(), ShmError> {
         check_name(name)?;
         match shm::unlink(name) {
-            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Ok(()) => {
+                tracing::debug!(segment = name, "segment unlinked");
+                Ok(())
+            }
+            Err(rustix::io::Errno::NOENT) => Ok(()),
             Err(e) => Err(os("shm_unlink", name)(e)),
         }
     }
@@ -463,7 +478,10 @@ impl Drop for Segment {
         // SAFETY: `base`/`len` are exactly the mapping made in create/open, unmapped once.
         let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) };
         if self.owner && !self.anon {
-            let _ = shm::unlink(self.name.as_str());
+            match shm::unlink(self.name.as_str()) {
+                Ok(()) => tracing::debug!(segment = self.name, "segment unlinked"),
+                Err(e) => tracing::debug!(segment = self.name, error = %e, "segment unlink failed"),
+            }
         }
     }
 }

@@ -31,13 +31,30 @@ fn creator_of(path: &Path, name: &str) -> Option<ProcessId> {
         .and_then(|r| r.split('.').next())
         .and_then(|p| p.parse().ok())
         .map(|pid| ProcessId { pid, start: 0 });
-    let f = std::fs::File::open(path).ok()?;
-    let len = f.metadata().ok()?.len();
-    if len < HEADER_LEN as u64 {
+    // Never block (a FIFO named like a segment) and never follow a link; another user's
+    // segment cannot be opened: its name still tells the creator.
+    let f = match rustix::fs::open(
+        path,
+        rustix::fs::OFlags::RDONLY
+            | rustix::fs::OFlags::NONBLOCK
+            | rustix::fs::OFlags::NOFOLLOW
+            | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::debug!(segment = name, error = %e, "cannot open the segment to read its header");
+            return from_name;
+        }
+    };
+    let st = rustix::fs::fstat(&f).ok()?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
+        || (st.st_size as u64) < HEADER_LEN as u64
+    {
         return from_name;
     }
-    // SAFETY: a read-only private mapping of HEADER_LEN bytes of a file that holds at least
-    // that many; we only read plain integers from it.
+    // SAFETY: a read-only private mapping of HEADER_LEN bytes of a regular file that holds at
+    // least that many; we only read plain integers from it.
     let hdr = unsafe {
         let p = rustix::mm::mmap(
             std::ptr::null_mut(),
@@ -59,16 +76,25 @@ fn creator_of(path: &Path, name: &str) -> Option<ProcessId> {
     hdr.or(from_name)
 }
 
-/// Every pto segment in `/dev/shm`.
+/// Every pto segment in `/dev/shm`. Entries named like a segment that are not regular files
+/// (a FIFO, a link, a directory) are skipped with a warning: they are not pto's.
 pub fn list() -> Vec<SegmentInfo> {
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
         return Vec::new();
     };
-    let mut out: Vec<SegmentInfo> = dir
+    let mut out: Vec<SegmentInfo> = entries
         .filter_map(Result::ok)
         .filter_map(|e| {
             let file = e.file_name().into_string().ok()?;
             if !file.starts_with("pto.") {
+                return None;
+            }
+            // `file_type` does not follow links.
+            if !e.file_type().is_ok_and(|t| t.is_file()) {
+                tracing::warn!(
+                    path = %e.path().display(),
+                    "skipping an entry named like a pto segment that is not a regular file"
+                );
                 return None;
             }
             let name = format!("/{file}");
@@ -87,35 +113,47 @@ pub fn list() -> Vec<SegmentInfo> {
     out
 }
 
-/// Removes every pto segment whose creator is dead; returns what it removed.
-///
-/// # Errors
-///
-/// The first unlink that failed for a reason other than the segment being gone already.
-pub fn sweep_stale() -> Result<Vec<SegmentInfo>, ShmError> {
-    let stale: Vec<SegmentInfo> = list().into_iter().filter(|s| !s.alive).collect();
-    for s in &stale {
-        Segment::unlink(&s.name)?;
+/// What a sweep removed, and what it could not remove (with why).
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// Segments removed.
+    pub removed: Vec<SegmentInfo>,
+    /// Segments that could not be removed (another user's, for example).
+    pub failed: Vec<(SegmentInfo, ShmError)>,
+}
+
+fn remove_all(segments: Vec<SegmentInfo>) -> Swept {
+    let mut out = Swept::default();
+    for s in segments {
+        match Segment::unlink(&s.name) {
+            Ok(()) => {
+                tracing::info!(segment = s.name, bytes = s.bytes, "removed a stale segment");
+                out.removed.push(s);
+            }
+            Err(e) => {
+                tracing::warn!(segment = s.name, error = %e, "cannot remove a stale segment");
+                out.failed.push((s, e));
+            }
+        }
     }
-    Ok(stale)
+    out
+}
+
+/// Removes every pto segment whose creator is dead. A segment that cannot be removed (another
+/// user's) is skipped, not an error: the sweep goes on.
+pub fn sweep_stale() -> Swept {
+    remove_all(list().into_iter().filter(|s| !s.alive).collect())
 }
 
 /// Removes every segment whose name starts with `prefix` (a launcher cleaning up after its
-/// ranks); returns the names removed.
-///
-/// # Errors
-///
-/// The first unlink that failed.
-pub fn remove_prefix(prefix: &str) -> Result<Vec<String>, ShmError> {
-    let names: Vec<String> = list()
-        .into_iter()
-        .map(|s| s.name)
-        .filter(|n| n.starts_with(prefix))
-        .collect();
-    for n in &names {
-        Segment::unlink(n)?;
-    }
-    Ok(names)
+/// ranks).
+pub fn remove_prefix(prefix: &str) -> Swept {
+    remove_all(
+        list()
+            .into_iter()
+            .filter(|s| s.name.starts_with(prefix))
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -148,9 +186,39 @@ mod tests {
         assert!(l.alive);
         let d = all.iter().find(|s| s.name == dead_name).unwrap();
         assert!(!d.alive);
-        let removed = sweep_stale().unwrap();
+        let removed = sweep_stale().removed;
         assert!(removed.iter().any(|s| s.name == dead_name));
         assert!(!removed.iter().any(|s| s.name == live.name()));
         assert!(list().iter().any(|s| s.name == live.name()));
+    }
+}
+
+#[cfg(test)]
+mod fifo_tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A FIFO named like a segment: listing, sweeping and opening it must neither block nor
+    /// count it as a segment.
+    #[test]
+    fn a_fifo_named_like_a_segment_is_skipped_not_opened() {
+        let name = format!("/pto.{}.{:016x}.fifo", std::process::id(), crate::nonce());
+        let path = format!("/dev/shm{name}");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path.as_str(),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let t = Instant::now();
+        assert!(!list().iter().any(|s| s.name == name));
+        let swept = sweep_stale();
+        assert!(!swept.removed.iter().any(|s| s.name == name));
+        let err = Segment::open(&name, Instant::now() + Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(err, ShmError::BadHeader { .. }), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+        std::fs::remove_file(&path).unwrap();
     }
 }

@@ -10,7 +10,7 @@ pub fn clean(a: &CleanArgs) -> anyhow::Result<ExitCode> {
         println!("no pto segments in /dev/shm");
         return Ok(ExitCode::SUCCESS);
     }
-    let mut removed = 0;
+    let (mut removed, mut failed) = (0, 0);
     for s in &all {
         let creator = s.creator.map_or_else(
             || "unknown creator".to_string(),
@@ -25,10 +25,23 @@ pub fn clean(a: &CleanArgs) -> anyhow::Result<ExitCode> {
             if remove { "  removed" } else { "" }
         );
         if remove {
-            pto_shm::Segment::unlink(&s.name)?;
-            removed += 1;
+            // Another user's segment cannot be removed: say so and go on.
+            match pto_shm::Segment::unlink(&s.name) {
+                Ok(()) => removed += 1,
+                Err(e) => {
+                    pto_shm::eprint_line!("pto clean: cannot remove {}: {e}", s.name);
+                    failed += 1;
+                }
+            }
         }
     }
-    println!("{} segment(s), {removed} removed", all.len());
+    if failed > 0 {
+        println!(
+            "{} segment(s), {removed} removed, {failed} could not be removed",
+            all.len()
+        );
+    } else {
+        println!("{} segment(s), {removed} removed", all.len());
+    }
     Ok(ExitCode::SUCCESS)
 }
