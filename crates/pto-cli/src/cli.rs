@@ -1,13 +1,28 @@
-//! Command-line definitions.
+//! Command-line definitions. Every number is range-checked here, so a bad value is a usage
+//! error (exit 2) that names the argument and its range.
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::builder::TypedValueParser;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// pto: tensor task graphs on simulated chips.
+///
+/// Exit codes: 0 passed, 1 wrong result (a golden mismatch), 2 usage error (bad arguments or
+/// PTO_* variables), 3 runtime failure (a failed task, a dead or stopped rank, a deadline),
+/// 4 environment or setup failure (no space in /dev/shm, MPI missing), 128 + N when signal N
+/// (SIGINT 130, SIGTERM 143, SIGHUP 129) ended it after stopping every child and removing its
+/// segments. Logging: RUST_LOG or PTO_LOG (error, warn, info, debug, trace, or target=level
+/// lists), or -v/-q; quiet (warnings only) by default.
 #[derive(Debug, Parser)]
-#[command(name = "pto", version, about)]
+#[command(name = "pto", version, about, long_about)]
 pub struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace); overrides RUST_LOG and PTO_LOG.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Only errors in the log, and no notes.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -20,7 +35,7 @@ pub enum Command {
     List,
     /// Run a benchmark.
     Bench(BenchArgs),
-    /// Print the PTO_* environment variables pto reads, with their values.
+    /// Print the PTO_* environment variables pto reads, with their values and ranges.
     Env,
     /// List pto shared-memory segments and remove those whose creator is dead.
     Clean(CleanArgs),
@@ -42,30 +57,51 @@ pub struct CleanArgs {
     pub all: bool,
 }
 
+/// Where ranks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// Processes on this host over POSIX shared memory.
+    Shm,
+    /// Threads of this process.
+    Local,
+    /// The processes of an MPI job (started with mpirun when pto is not already under it).
+    Mpi,
+}
+
+impl BackendArg {
+    pub fn backend(self) -> pto_comm::Backend {
+        match self {
+            BackendArg::Shm => pto_comm::Backend::Shm,
+            BackendArg::Local => pto_comm::Backend::Local,
+            BackendArg::Mpi => pto_comm::Backend::Mpi,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The example (see `pto list`).
     pub example: String,
-    /// Ranks (chips) for a distributed example (default 1; under mpirun, the job's size).
-    #[arg(long)]
+    /// Ranks (chips) for a distributed example, 1 to 1024 (default 1; under mpirun, the job's
+    /// size).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=pto_comm::MAX_RANKS as u64).map(|v| v as usize))]
     pub ranks: Option<usize>,
-    /// Where the ranks run: shm (processes on this host), local (threads) or mpi (the
-    /// processes of an MPI job; started with mpirun when pto is not already under it).
-    #[arg(long, default_value = "shm")]
-    pub backend: String,
-    /// Problem size, in the example's own unit.
-    #[arg(long)]
+    /// Where the ranks run.
+    #[arg(long, value_enum, default_value = "shm")]
+    pub backend: BackendArg,
+    /// Problem size, in the example's own unit (at least 1; it must fit in memory).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=pto_examples::MAX_SIZE as u64).map(|v| v as usize))]
     pub size: Option<usize>,
-    /// Logical AIC cores per chip.
-    #[arg(long, default_value_t = 2)]
+    /// Logical AIC cores per chip, 0 to 1024.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub aic: u32,
-    /// Logical AIV cores per chip.
-    #[arg(long, default_value_t = 4)]
+    /// Logical AIV cores per chip, 0 to 2048.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=2048))]
     pub aiv: u32,
     /// Write a Chrome trace (open it in Perfetto) to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,
-    /// Print one JSON object instead of text.
+    /// Print one JSON object (always one, also on failure: see its `error` field).
     #[arg(long)]
     pub json: bool,
 }
@@ -75,20 +111,20 @@ pub struct BenchArgs {
     /// What to measure.
     #[arg(value_enum)]
     pub what: BenchKind,
-    /// Backend for `comm`: local (threads) or shm (processes).
-    #[arg(long, default_value = "shm")]
-    pub backend: String,
-    /// Ranks for `comm`.
-    #[arg(long, default_value_t = 2)]
+    /// Backend for `comm` and `allreduce`.
+    #[arg(long, value_enum, default_value = "shm")]
+    pub backend: BackendArg,
+    /// Ranks for `comm` and `allreduce`, 1 to 1024.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=pto_comm::MAX_RANKS as u64).map(|v| v as usize))]
     pub ranks: usize,
-    /// Tasks per pattern.
-    #[arg(long, default_value_t = 200_000)]
+    /// Tasks per pattern (`dag`), 1 to 100000000.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000).map(|v| v as usize))]
     pub tasks: usize,
-    /// Repetitions (the median is reported).
-    #[arg(long, default_value_t = 3)]
+    /// Repetitions (the median is reported), 1 to 1000.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000).map(|v| v as usize))]
     pub reps: usize,
-    /// OS threads for the chip (default: one per CPU).
-    #[arg(long)]
+    /// OS threads for the chip, 1 to 1024 (default: one per CPU).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024).map(|v| v as usize))]
     pub threads: Option<usize>,
     /// The OpenMP anchor binary (`omp_deps` from shared/anchors), run in the same process
     /// run as the baseline.

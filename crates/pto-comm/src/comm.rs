@@ -186,6 +186,19 @@ impl Comm {
             .check(self.world_rank(), &self.inner.members)
     }
 
+    /// Whether a failure on this rank was caused by others: another rank aborted, died,
+    /// failed or left (what [`Comm::check`] finds, except an abort this rank raised), or the
+    /// failure is a wait that ran out (`message` says "timed out"). A report leads with the
+    /// failures that are not consequences.
+    pub fn is_consequence(&self, message: &str) -> bool {
+        let peer = match self.check() {
+            Err(CommError::Aborted { rank, .. }) => rank != self.world_rank(),
+            Err(_) => true,
+            Ok(()) => false,
+        };
+        peer || message.contains("timed out after")
+    }
+
     /// Raises an abort: every rank's blocked and future operations fail with
     /// [`CommError::Aborted`] naming this rank and `message`.
     pub fn abort(&self, message: &str) {

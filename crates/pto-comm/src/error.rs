@@ -165,3 +165,35 @@ pub enum CommError {
         source: std::io::Error,
     },
 }
+
+impl CommError {
+    /// The kind of failure.
+    pub fn fault(&self) -> pto_shm::Fault {
+        use pto_shm::Fault;
+        match self {
+            CommError::BadSize { .. }
+            | CommError::BadRank { .. }
+            | CommError::BadDomain { .. }
+            | CommError::BadWindow { .. }
+            | CommError::BadBuffer { .. }
+            | CommError::OutOfBounds { .. }
+            | CommError::Misaligned { .. }
+            | CommError::Env(_) => Fault::Usage,
+            CommError::Shm(e) => e.fault(),
+            CommError::Launch { .. } => Fault::Environment,
+            _ => Fault::Runtime,
+        }
+    }
+
+    /// True when this rank failed only because another one did (it died, failed, aborted) or
+    /// because a wait on others ran out: a consequence, not a root cause.
+    pub fn is_consequence(&self) -> bool {
+        matches!(
+            self,
+            CommError::PeerDied { .. }
+                | CommError::PeerGone { .. }
+                | CommError::Aborted { .. }
+                | CommError::Timeout { .. }
+        )
+    }
+}

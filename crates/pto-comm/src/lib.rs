@@ -70,6 +70,27 @@ pub use window::{
 /// The most ranks a communicator may have.
 pub const MAX_RANKS: usize = 1024;
 
+/// The variable an MPI launcher (Open MPI, MPICH or a PMI launcher) set when this process is
+/// a rank of an MPI job, with its value; `None` otherwise. Available without the `mpi` feature,
+/// so that a build without MPI can say it was started by `mpirun`.
+pub fn mpi_launcher() -> Option<(&'static str, String)> {
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "MPI_LOCALNRANKS",
+    ]
+    .into_iter()
+    .find_map(|k| std::env::var(k).ok().map(|v| (k, v)))
+}
+
+/// `PTO_WAIT_TIMEOUT_MS` (or its default), as a [`CommError::Env`] when it is set wrong.
+pub(crate) fn env_timeout() -> Result<std::time::Duration, CommError> {
+    pto_core::config::Settings::from_env()
+        .map(|s| s.wait_timeout)
+        .map_err(|e| CommError::Env(e.to_string()))
+}
+
 /// Where ranks run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {

@@ -17,7 +17,7 @@ use crate::CommError;
 ///
 /// [`CommError::BadSize`] for 0 or more than [`crate::MAX_RANKS`] ranks.
 pub fn comms(n: usize) -> Result<Vec<Comm>, CommError> {
-    comms_with_timeout(n, pto_core::config::Settings::from_env().wait_timeout)
+    comms_with_timeout(n, crate::env_timeout()?)
 }
 
 /// [`comms`] with an explicit deadline for every wait.

@@ -55,14 +55,7 @@ pub const ENV_WINDOWS: &str = "PTO_MPI_WINDOWS";
 /// True when this process looks like a rank of an MPI job (Open MPI, MPICH or a PMI launcher
 /// set its variables).
 pub fn detected() -> bool {
-    [
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",
-        "PMIX_RANK",
-        "MPI_LOCALNRANKS",
-    ]
-    .iter()
-    .any(|k| std::env::var_os(k).is_some())
+    crate::mpi_launcher().is_some()
 }
 
 /// How windows are allocated and accessed.
@@ -1043,7 +1036,7 @@ pub fn init() -> Result<Comm, CommError> {
         mode,
         fin,
     });
-    let timeout = pto_core::config::Settings::from_env().wait_timeout;
+    let timeout = crate::env_timeout()?;
     let deadline = Instant::now() + timeout;
     let len = world_len(size).max(pto_shm::HEADER_LEN);
     let seg = match mode {

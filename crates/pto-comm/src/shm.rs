@@ -45,7 +45,7 @@ impl ShmWorld {
     ///
     /// A bad size or an OS error.
     pub fn create(n: usize) -> Result<ShmWorld, CommError> {
-        let timeout = pto_core::config::Settings::from_env().wait_timeout;
+        let timeout = crate::env_timeout()?;
         Ok(ShmWorld {
             world: Arc::new(create_world(n, Provider::Shm, timeout)?),
             children: Vec::new(),
@@ -97,6 +97,9 @@ impl ShmWorld {
         let child = cmd
             .spawn()
             .map_err(|source| CommError::Launch { rank, source })?;
+        // A signal that ends this process ends the rank too, and removes its segments.
+        pto_shm::cleanup::register_child(child.id());
+        tracing::debug!(rank, pid = child.id(), "rank process started");
         self.children.push((rank, child));
         Ok(())
     }
@@ -173,7 +176,9 @@ impl ShmWorld {
                     rank: *rank,
                     source,
                 })? {
+                    pto_shm::cleanup::forget(child.id());
                     if !st.success() {
+                        tracing::debug!(rank, status = %st, "rank process failed");
                         self.world.mark_failed(*rank);
                     }
                     done[i] = Some(st);
@@ -187,6 +192,7 @@ impl ShmWorld {
                     if done[i].is_none() {
                         let _ = child.kill();
                         done[i] = child.wait().ok();
+                        pto_shm::cleanup::forget(child.id());
                         self.world.mark_failed(*rank);
                     }
                 }
@@ -209,6 +215,7 @@ impl Drop for ShmWorld {
         for (_, c) in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
+            pto_shm::cleanup::forget(c.id());
         }
         // Segments the ranks created and could not remove (a rank died) carry our prefix.
         let _ = pto_shm::sweep::remove_prefix(&format!("{}.", self.world.prefix));
@@ -222,12 +229,7 @@ impl Drop for ShmWorld {
 /// A bad rank or size, a world of another size (both values named), a stale or missing
 /// segment, or a rank already joined.
 pub fn join(name: &str, rank: usize, size: usize) -> Result<Comm, CommError> {
-    join_with_timeout(
-        name,
-        rank,
-        size,
-        pto_core::config::Settings::from_env().wait_timeout,
-    )
+    join_with_timeout(name, rank, size, crate::env_timeout()?)
 }
 
 /// [`join`] with an explicit deadline for opening the world and for every later wait.

@@ -203,7 +203,7 @@ impl ChipBuilder {
     ///
     /// [`RunError::Config`] for a chip without cores, zero threads, or a ring window below 4.
     pub fn build(self) -> Result<Chip, RunError> {
-        let env = Settings::from_env();
+        let env = Settings::from_env().map_err(|e| RunError::Config(e.to_string()))?;
         let aic = self.aic.unwrap_or(2);
         let aiv = self.aiv.unwrap_or(4);
         if aic + aiv == 0 {

@@ -163,3 +163,13 @@ pub enum RunError {
     #[error("invalid chip configuration: {0}")]
     Config(String),
 }
+
+impl RunError {
+    /// The kind of failure: a bad chip configuration is the caller's; the rest is the run's.
+    pub fn fault(&self) -> pto_shm::Fault {
+        match self {
+            RunError::Config(_) => pto_shm::Fault::Usage,
+            _ => pto_shm::Fault::Runtime,
+        }
+    }
+}

@@ -76,6 +76,7 @@ pub use kernel::{
     KernelRegistry, RegistryError, MAX_CONDITIONS,
 };
 pub use pto_shm::ring::{Completion, CompletionQueue, HeapQueue, QueueFull};
+pub use pto_shm::Fault;
 pub use tensor::{intersects, overlap, Overlap, Region, Tensor, TensorError, MAX_DIMS};
 pub use trace::{Trace, TraceEvent};
 pub use view::{TensorMut, TensorRef};

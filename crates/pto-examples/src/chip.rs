@@ -61,6 +61,7 @@ pub(crate) fn vector_pipeline(args: &RunArgs) -> Result<Outcome, ExampleError> {
         wall: report.wall,
         tasks: report.stats.tasks,
         events: report.trace.map(|t| t.chrome_events()).unwrap_or_default(),
+        ranks: Vec::new(),
     })
 }
 
@@ -142,5 +143,6 @@ pub(crate) fn ffn_chip(args: &RunArgs) -> Result<Outcome, ExampleError> {
         wall: report.wall,
         tasks: report.stats.tasks,
         events: report.trace.map(|t| t.chrome_events()).unwrap_or_default(),
+        ranks: Vec::new(),
     })
 }

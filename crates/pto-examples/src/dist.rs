@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use pto_comm::{Backend, Comm};
 use serde_json::Value;
 
-use crate::{Example, ExampleError, Outcome, RunArgs};
+use crate::{Example, ExampleError, Outcome, RankState, RankStatus, RunArgs};
 
 /// One rank's verdict.
 #[derive(Clone, Debug, Default)]
@@ -26,39 +26,68 @@ pub struct RankOutcome {
 /// A rank body: runs on every rank.
 pub type RankFn = fn(&Comm, &RunArgs) -> Result<RankOutcome, ExampleError>;
 
-fn gather(
-    ex: &Example,
-    n: usize,
-    outcomes: Vec<Result<RankOutcome, String>>,
-    wall: Duration,
-) -> Outcome {
-    let mut passed = outcomes.len() == n;
-    let mut detail = None;
+/// What a rank's body returned: its verdict, or its error and whether the error was caused by
+/// another rank.
+type RankResult = Result<RankOutcome, (bool, String)>;
+
+/// Every rank's verdict in one outcome. The detail leads with the root cause: the first rank
+/// that failed on its own (else the first that failed at all), then the first mismatch.
+fn gather(ex: &Example, n: usize, outcomes: Vec<RankResult>, wall: Duration) -> Outcome {
     let mut tasks = 0;
     let mut events = Vec::new();
+    let mut ranks = Vec::with_capacity(n);
     for (r, o) in outcomes.into_iter().enumerate() {
-        match o {
+        let (state, detail) = match o {
             Ok(o) => {
                 tasks += o.tasks;
-                if !o.passed {
-                    passed = false;
-                    detail.get_or_insert(format!("rank {r}: {}", o.detail));
-                }
                 events.extend(o.events);
+                let state = if o.passed {
+                    RankState::Passed
+                } else {
+                    RankState::Mismatch
+                };
+                (state, o.detail)
             }
-            Err(e) => {
-                passed = false;
-                detail.get_or_insert(format!("rank {r}: {e}"));
-            }
-        }
+            Err((true, e)) => (RankState::Consequence, e),
+            Err((false, e)) => (RankState::Failed, e),
+        };
+        ranks.push(RankStatus {
+            rank: r,
+            state,
+            detail,
+        });
     }
+    let lead = [
+        RankState::Failed,
+        RankState::Consequence,
+        RankState::Mismatch,
+    ]
+    .iter()
+    .find_map(|s| ranks.iter().find(|r| r.state == *s));
+    let passed = ranks.len() == n && lead.is_none();
+    let detail = match lead {
+        Some(r) => format!("rank {}: {}", r.rank, r.detail),
+        None if ranks.len() == n => format!("all {n} ranks match the golden of {}", ex.name),
+        None => format!("{} of {n} ranks reported", ranks.len()),
+    };
     Outcome {
         passed,
-        detail: detail.unwrap_or_else(|| format!("all {n} ranks match the golden of {}", ex.name)),
+        detail,
         wall,
         tasks,
         events,
+        ranks,
     }
+}
+
+/// A rank body's error, with whether another rank caused it (judged by the communicator).
+fn rank_error(comm: &Comm, e: &ExampleError) -> (bool, String) {
+    let text = e.to_string();
+    let consequence = match e {
+        ExampleError::Comm(c) => c.is_consequence() || comm.is_consequence(&text),
+        _ => comm.is_consequence(&text),
+    };
+    (consequence, text)
 }
 
 /// Runs a rank example on `n` threads.
@@ -73,8 +102,13 @@ pub fn run_local(
     n: usize,
 ) -> Result<Outcome, ExampleError> {
     let t = Instant::now();
-    let results = pto_comm::local::run(n, |comm| body(&comm, args).map_err(|e| e.to_string()))?;
-    let outcomes = results.into_iter().map(|r| r.and_then(|x| x)).collect();
+    let results = pto_comm::local::run(n, |comm| {
+        body(&comm, args).map_err(|e| rank_error(&comm, &e))
+    })?;
+    let outcomes = results
+        .into_iter()
+        .map(|r| r.map_err(|panic| (false, panic)).and_then(|x| x))
+        .collect();
     Ok(gather(ex, n, outcomes, t.elapsed()))
 }
 
@@ -85,6 +119,7 @@ pub fn run_local(
 ///
 /// A rank count the example cannot use, or what the run reports.
 pub fn run(ex: &Example, args: &RunArgs, n: usize) -> Result<Outcome, ExampleError> {
+    ex.check_args(args, n)?;
     match (args.backend, ex.worker, ex.ranks) {
         (_, None, None) => {
             if n != 1 {
@@ -137,15 +172,19 @@ pub fn run_on(ex: &Example, comm: &Comm, args: &RunArgs) -> Result<Outcome, Exam
     let t = Instant::now();
     let mine = body(comm, args);
     let wall = t.elapsed();
-    // One fixed-size record per rank: passed, tasks, detail length, detail.
+    // One fixed-size record per rank: state (0 mismatch, 1 passed, 2 failed, 3 failed because
+    // of another rank), tasks, detail length, detail.
     let mut rec = vec![0u8; VERDICT];
-    let (passed, tasks, detail) = match &mine {
-        Ok(o) => (o.passed, o.tasks, o.detail.clone()),
-        Err(e) => (false, 0, e.to_string()),
+    let (state, tasks, detail) = match &mine {
+        Ok(o) => (u8::from(o.passed), o.tasks, o.detail.clone()),
+        Err(e) => {
+            let (consequence, text) = rank_error(comm, e);
+            (if consequence { 3 } else { 2 }, 0, text)
+        }
     };
     let text = detail.as_bytes();
     let n = text.len().min(VERDICT - 11);
-    rec[0] = u8::from(passed);
+    rec[0] = state;
     rec[1..9].copy_from_slice(&tasks.to_le_bytes());
     rec[9..11].copy_from_slice(&(n as u16).to_le_bytes());
     rec[11..11 + n].copy_from_slice(&text[..n]);
@@ -159,12 +198,16 @@ pub fn run_on(ex: &Example, comm: &Comm, args: &RunArgs) -> Result<Outcome, Exam
             let detail = String::from_utf8_lossy(&r[11..11 + len]).into_owned();
             let mut tasks = [0u8; 8];
             tasks.copy_from_slice(&r[1..9]);
-            Ok(RankOutcome {
-                passed: r[0] == 1,
-                detail,
-                tasks: u64::from_le_bytes(tasks),
-                events: Vec::new(),
-            })
+            match r[0] {
+                2 => Err((false, detail)),
+                3 => Err((true, detail)),
+                s => Ok(RankOutcome {
+                    passed: s == 1,
+                    detail,
+                    tasks: u64::from_le_bytes(tasks),
+                    events: Vec::new(),
+                }),
+            }
         })
         .collect();
     let mut out = gather(ex, comm.size(), outcomes, wall);

@@ -47,9 +47,27 @@ pub enum ExampleError {
     /// A kernel could not be registered.
     #[error(transparent)]
     Registry(#[from] pto_core::RegistryError),
+    /// The host Worker failed (bring-up, a chip, a run): its error keeps every chip's
+    /// failure, the root cause first.
+    #[error(transparent)]
+    Worker(#[from] pto_worker::WorkerError),
     /// An argument the example does not accept.
     #[error("{0}")]
     Args(String),
+}
+
+impl ExampleError {
+    /// The kind of failure (what `pto run`'s exit code says).
+    pub fn fault(&self) -> pto_core::Fault {
+        use pto_core::Fault;
+        match self {
+            ExampleError::Run(e) => e.fault(),
+            ExampleError::Comm(e) => e.fault(),
+            ExampleError::Worker(e) => e.fault(),
+            ExampleError::Args(_) | ExampleError::Registry(_) => Fault::Usage,
+            ExampleError::Tensor(_) | ExampleError::Orch(_) => Fault::Runtime,
+        }
+    }
 }
 
 /// Options of one example run.
@@ -63,6 +81,19 @@ pub struct RunArgs {
     pub cores: (u32, u32),
     /// Where the ranks run (for distributed examples).
     pub backend: Backend,
+    /// Called when a chip process dies while no run is in progress (on processes: see
+    /// `WorkerBuilder::on_child_exit`).
+    pub on_child_exit: Option<ExitHook>,
+}
+
+/// A hook called with a child's failure (`pto run` reports it and exits at once).
+#[derive(Clone)]
+pub struct ExitHook(pub std::sync::Arc<dyn Fn(&pto_worker::ChildFailure) + Send + Sync>);
+
+impl std::fmt::Debug for ExitHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExitHook")
+    }
 }
 
 impl Default for RunArgs {
@@ -72,6 +103,7 @@ impl Default for RunArgs {
             trace: false,
             cores: (2, 4),
             backend: Backend::Shm,
+            on_child_exit: None,
         }
     }
 }
@@ -89,6 +121,33 @@ pub struct Outcome {
     pub tasks: u64,
     /// Chrome trace events of every chip (empty unless a trace was asked for).
     pub events: Vec<Value>,
+    /// Every rank's own verdict, when the ranks checked their parts themselves (threads, MPI);
+    /// empty when the golden was checked in one place.
+    pub ranks: Vec<RankStatus>,
+}
+
+/// How one rank's part of a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankState {
+    /// Its part matched the golden.
+    Passed,
+    /// Its part did not match the golden.
+    Mismatch,
+    /// It failed on its own (a kernel's error, a bad argument).
+    Failed,
+    /// It failed because another rank did, or a wait on the others ran out.
+    Consequence,
+}
+
+/// One rank's verdict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankStatus {
+    /// The rank.
+    pub rank: usize,
+    /// How its part ended.
+    pub state: RankState,
+    /// What it checked, or its first mismatch, or its error.
+    pub detail: String,
 }
 
 /// A whole example run through a host Worker with the given number of chips.
@@ -108,6 +167,112 @@ pub struct Example {
     /// The whole example through a host Worker with this many chips (run in a
     /// single-threaded process: the Worker forks).
     pub worker: Option<WorkerExampleFn>,
+    /// The logical cores it needs on every chip.
+    pub needs: Needs,
+    /// How its memory grows with `--size` and the rank count.
+    pub footprint: Footprint,
+    /// Its `--size` when none is given.
+    pub default_size: usize,
+}
+
+/// The core kinds an example submits to (a chip without them cannot run it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Needs {
+    /// At least one AIC core.
+    pub aic: bool,
+    /// At least one AIV core.
+    pub aiv: bool,
+}
+
+const AIV: Needs = Needs {
+    aic: false,
+    aiv: true,
+};
+const AIC_AIV: Needs = Needs {
+    aic: true,
+    aiv: true,
+};
+
+/// An upper estimate of an example's memory: `bytes × size^size_power × ranks^rank_power`
+/// (inputs, outputs, windows, host copies and goldens), used to refuse a size the machine
+/// cannot hold before anything is allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    /// Bytes per unit.
+    pub bytes: u64,
+    /// How `--size` enters (1: linear, 2: a square matrix).
+    pub size_power: u32,
+    /// How the rank count enters (1: per rank, 2: every rank holds every rank's part).
+    pub rank_power: u32,
+}
+
+const fn fp(bytes: u64, size_power: u32, rank_power: u32) -> Footprint {
+    Footprint {
+        bytes,
+        size_power,
+        rank_power,
+    }
+}
+
+/// The largest `--size` accepted by any example (sizes must also fit the machine's memory).
+pub const MAX_SIZE: usize = 1 << 40;
+
+impl Example {
+    /// An upper estimate of the bytes a run with `size` on `ranks` ranks needs (`None` when it
+    /// overflows any integer).
+    pub fn bytes_needed(&self, size: usize, ranks: usize) -> Option<u128> {
+        let f = self.footprint;
+        let s = (size as u128).checked_pow(f.size_power)?;
+        let r = (ranks.max(1) as u128).checked_pow(f.rank_power)?;
+        u128::from(f.bytes).checked_mul(s)?.checked_mul(r)
+    }
+
+    /// Checks a run's arguments before anything is allocated: a size of at least 1 that the
+    /// machine's memory (and, on processes, `/dev/shm`) can hold, and the cores the example
+    /// submits to.
+    ///
+    /// # Errors
+    ///
+    /// [`ExampleError::Args`] naming the argument and what it may be.
+    pub fn check_args(&self, args: &RunArgs, ranks: usize) -> Result<(), ExampleError> {
+        let size = args.size.unwrap_or(self.default_size);
+        if size == 0 || size > MAX_SIZE {
+            return Err(ExampleError::Args(format!(
+                "--size {size} is out of range: {} takes 1 to {MAX_SIZE}",
+                self.name
+            )));
+        }
+        let (aic, aiv) = args.cores;
+        if (self.needs.aic && aic == 0) || (self.needs.aiv && aiv == 0) || aic + aiv == 0 {
+            return Err(ExampleError::Args(format!(
+                "{} needs {} on every chip (got --aic {aic} --aiv {aiv})",
+                self.name,
+                match (self.needs.aic, self.needs.aiv) {
+                    (true, true) => "at least one AIC and one AIV core",
+                    (true, false) => "at least one AIC core",
+                    _ => "at least one AIV core",
+                }
+            )));
+        }
+        let need = self.bytes_needed(size, ranks);
+        let mem = pto_shm::process::mem_available();
+        let shm = (args.backend == Backend::Shm && (self.worker.is_some() || self.ranks.is_some()))
+            .then(pto_shm::shm_free)
+            .flatten();
+        let have = [mem, shm].into_iter().flatten().min();
+        if let Some(have) = have {
+            if need.is_none_or(|n| n > u128::from(have)) {
+                let gib = |b: u128| b as f64 / f64::from(1u32 << 30);
+                return Err(ExampleError::Args(format!(
+                    "--size {size} on {ranks} rank(s) needs about {} of memory, and this machine has {:.1} GiB available{}: use a smaller --size",
+                    need.map_or_else(|| "more than any machine has".to_string(), |n| format!("{:.1} GiB", gib(n))),
+                    gib(u128::from(have)),
+                    if shm == Some(have) { " in /dev/shm" } else { "" }
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Every example.
@@ -118,6 +283,8 @@ pub const EXAMPLES: &[Example] = &[
         run: chip::vector_pipeline,
         ranks: None,
         worker: None,
+        needs: AIV, footprint: fp(64, 1, 0),
+        default_size: 4096,
     },
     Example {
         name: "ffn_chip",
@@ -125,6 +292,8 @@ pub const EXAMPLES: &[Example] = &[
         run: chip::ffn_chip,
         ranks: None,
         worker: None,
+        needs: AIC_AIV, footprint: fp(16 << 10, 1, 0),
+        default_size: 64,
     },
     Example {
         name: "deferred_notify",
@@ -132,6 +301,8 @@ pub const EXAMPLES: &[Example] = &[
         run: dist::needs_ranks,
         ranks: Some(notify::deferred_notify),
         worker: Some(worker_examples::deferred_notify_worker),
+        needs: AIV, footprint: fp(64, 1, 1),
+        default_size: 16,
     },
     Example {
         name: "async_notify",
@@ -139,6 +310,8 @@ pub const EXAMPLES: &[Example] = &[
         run: dist::needs_ranks,
         ranks: Some(notify::async_notify),
         worker: Some(worker_examples::async_notify_worker),
+        needs: AIV, footprint: fp(64, 1, 1),
+        default_size: 64,
     },
     Example {
         name: "allreduce_distributed",
@@ -146,6 +319,8 @@ pub const EXAMPLES: &[Example] = &[
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::allreduce_distributed),
         worker: Some(worker_examples::allreduce_distributed_worker),
+        needs: AIV, footprint: fp(96, 1, 1),
+        default_size: 256,
     },
     Example {
         name: "allgather",
@@ -153,6 +328,8 @@ pub const EXAMPLES: &[Example] = &[
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::allgather),
         worker: Some(worker_examples::allgather_worker),
+        needs: AIV, footprint: fp(64, 1, 2),
+        default_size: 64,
     },
     Example {
         name: "reduce_scatter",
@@ -160,6 +337,8 @@ pub const EXAMPLES: &[Example] = &[
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::reduce_scatter),
         worker: Some(worker_examples::reduce_scatter_worker),
+        needs: AIV, footprint: fp(64, 1, 2),
+        default_size: 64,
     },
     Example {
         name: "broadcast",
@@ -167,6 +346,8 @@ pub const EXAMPLES: &[Example] = &[
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::broadcast),
         worker: Some(worker_examples::broadcast_worker),
+        needs: AIV, footprint: fp(64, 1, 1),
+        default_size: 256,
     },
     Example {
         name: "all_to_all",
@@ -174,6 +355,8 @@ pub const EXAMPLES: &[Example] = &[
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::all_to_all),
         worker: Some(worker_examples::all_to_all_worker),
+        needs: AIV, footprint: fp(64, 1, 2),
+        default_size: 32,
     },
     Example {
         name: "ffn_tp_parallel",
@@ -181,6 +364,8 @@ pub const EXAMPLES: &[Example] = &[
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::ffn_tp_parallel),
         worker: Some(worker_examples::ffn_tp_parallel_worker),
+        needs: AIC_AIV, footprint: fp(96, 2, 1),
+        default_size: 64,
     },
     Example {
         name: "domain_rank_map",
@@ -188,6 +373,8 @@ pub const EXAMPLES: &[Example] = &[
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::domain_rank_map),
         worker: Some(worker_examples::domain_rank_map_worker),
+        needs: AIV, footprint: fp(96, 1, 1),
+        default_size: 32,
     },
     Example {
         name: "dual_domain_overlap",
@@ -195,6 +382,8 @@ pub const EXAMPLES: &[Example] = &[
         run: dist::needs_ranks,
         ranks: Some(collectives_ex::dual_domain_overlap),
         worker: Some(worker_examples::dual_domain_overlap_worker),
+        needs: AIV, footprint: fp(96, 1, 1),
+        default_size: 32,
     },
     Example {
         name: "multi_chip_dispatch",
@@ -202,6 +391,8 @@ pub const EXAMPLES: &[Example] = &[
         run: dist::needs_ranks,
         ranks: None,
         worker: Some(worker_examples::multi_chip_dispatch),
+        needs: AIV, footprint: fp(64, 1, 1),
+        default_size: 1024,
     },
 ];
 

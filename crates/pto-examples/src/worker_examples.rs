@@ -12,7 +12,7 @@ use crate::{ExampleError, Outcome, RunArgs};
 pub(crate) fn multi_chip_dispatch(args: &RunArgs, chips: usize) -> Result<Outcome, ExampleError> {
     let n = args.size.unwrap_or(1024).max(1);
     let t = Instant::now();
-    let w = Worker::builder()
+    let w = worker(args)
         .chips(chips)
         .cores(args.cores.0, args.cores.1.max(1))
         .sub_workers(1)
@@ -43,12 +43,8 @@ pub(crate) fn multi_chip_dispatch(args: &RunArgs, chips: usize) -> Result<Outcom
                 .write(&[verdict])
                 .map_err(|e| e.to_string())
         })
-        .init()
-        .map_err(|e| ExampleError::Args(e.to_string()))?;
-    let mk = |shape: &[usize], d: DType| {
-        w.tensor(shape, d)
-            .map_err(|e| ExampleError::Args(e.to_string()))
-    };
+        .init()?;
+    let mk = |shape: &[usize], d: DType| w.tensor(shape, d).map_err(ExampleError::from);
     let mut sets = Vec::with_capacity(chips);
     for c in 0..chips {
         let (a, b, out, v) = (
@@ -62,29 +58,27 @@ pub(crate) fn multi_chip_dispatch(args: &RunArgs, chips: usize) -> Result<Outcom
         sets.push((a, b, out, v));
     }
     let s2 = sets.clone();
-    let report = w
-        .run_with(
-            move |h| {
-                for (c, (a, b, out, v)) in s2.iter().enumerate() {
-                    h.submit_chip(
-                        c,
-                        "vector_add",
-                        TaskArgs::new().input(a).input(b).output_existing(out),
-                    )?;
-                    h.submit_sub(
-                        "check",
-                        TaskArgs::new()
-                            .input(a)
-                            .input(b)
-                            .input(out)
-                            .output_existing(v),
-                    )?;
-                }
-                Ok(())
-            },
-            args.trace,
-        )
-        .map_err(|e| ExampleError::Args(e.to_string()))?;
+    let report = w.run_with(
+        move |h| {
+            for (c, (a, b, out, v)) in s2.iter().enumerate() {
+                h.submit_chip(
+                    c,
+                    "vector_add",
+                    TaskArgs::new().input(a).input(b).output_existing(out),
+                )?;
+                h.submit_sub(
+                    "check",
+                    TaskArgs::new()
+                        .input(a)
+                        .input(b)
+                        .input(out)
+                        .output_existing(v),
+                )?;
+            }
+            Ok(())
+        },
+        args.trace,
+    )?;
     // The golden, computed here independently of the sub-worker's verdict.
     let mut detail = format!("{chips} chips: every out = a + b, confirmed by the sub-worker");
     let mut passed = true;
@@ -112,7 +106,20 @@ pub(crate) fn multi_chip_dispatch(args: &RunArgs, chips: usize) -> Result<Outcom
         wall: t.elapsed(),
         tasks,
         events: report.trace_events,
+        ranks: Vec::new(),
     })
+}
+
+/// A Worker builder with what every example's Worker gets: the caller's child-exit hook.
+fn worker(args: &RunArgs) -> pto_worker::WorkerBuilder {
+    let b = Worker::builder();
+    match &args.on_child_exit {
+        Some(h) => {
+            let h = h.0.clone();
+            b.on_child_exit(move |f| h(f))
+        }
+        None => b,
+    }
 }
 
 /// Checks each chip's `row_len` slice of `got` against `golden(chip)`; the detail names the
@@ -163,7 +170,7 @@ fn group_run(
         },
         trace,
     )
-    .map_err(args_err)
+    .map_err(ExampleError::from)
 }
 
 /// Closes the Worker and makes the outcome.
@@ -181,11 +188,8 @@ fn finish(
         wall: t.elapsed(),
         tasks,
         events: report.trace_events,
+        ranks: Vec::new(),
     }
-}
-
-fn args_err(e: impl std::fmt::Display) -> ExampleError {
-    ExampleError::Args(e.to_string())
 }
 
 /// Row `rank` of a host tensor `[n, rest...]`, as a tensor of shape `rest`.
@@ -212,32 +216,32 @@ pub(crate) fn ffn_tp_parallel_worker(
     use crate::collectives_ex::{f64s, ffn_golden, ffn_w, ffn_x, kernels};
     let d = args.size.unwrap_or(64).max(1);
     let t = Instant::now();
-    let w = Worker::builder()
+    let w = worker(args)
         .chips(chips)
         .cores(args.cores.0.max(1), args.cores.1.max(1))
         .collectives(64 << 10)
         .program("ffn", kernels()?, crate::programs::ffn)
-        .init()
-        .map_err(args_err)?;
-    let mk = || w.tensor(&[chips, d, d], DType::F32).map_err(args_err);
+        .init()?;
+    let mk = || {
+        w.tensor(&[chips, d, d], DType::F32)
+            .map_err(ExampleError::from)
+    };
     let (xs, ws, ys) = (mk()?, mk()?, mk()?);
     xs.write(&(0..chips).flat_map(|r| ffn_x(r, d)).collect::<Vec<_>>())?;
     ws.write(&(0..chips).flat_map(|r| ffn_w(r, d)).collect::<Vec<_>>())?;
     let (x2, w2, y2) = (xs.clone(), ws.clone(), ys.clone());
     let all: Vec<usize> = (0..chips).collect();
-    let report = w
-        .run_with(
-            move |h| {
-                h.submit_group(
-                    &all,
-                    "ffn",
-                    TaskArgs::new().input(&x2).input(&w2).output_existing(&y2),
-                )
-                .map(|_| ())
-            },
-            args.trace,
-        )
-        .map_err(args_err)?;
+    let report = w.run_with(
+        move |h| {
+            h.submit_group(
+                &all,
+                "ffn",
+                TaskArgs::new().input(&x2).input(&w2).output_existing(&y2),
+            )
+            .map(|_| ())
+        },
+        args.trace,
+    )?;
     let want = ffn_golden(chips, d);
     let got = f64s(&ys.read::<f32>()?);
     let (passed, detail) = check_rows(&got, d * d, "y", 1e-4, |_| want.clone());
@@ -255,7 +259,7 @@ pub(crate) fn allreduce_distributed_worker(
     use pto_comm::{BufferSpec, WindowSpec};
     let len = args.size.unwrap_or(256).max(1);
     let t = Instant::now();
-    let w = Worker::builder()
+    let w = worker(args)
         .chips(chips)
         .cores(args.cores.0.max(1), args.cores.1.max(1))
         .window(WindowSpec::for_buffers(vec![
@@ -267,10 +271,9 @@ pub(crate) fn allreduce_distributed_worker(
             kernels()?,
             crate::programs::allreduce_four_phase,
         )
-        .init()
-        .map_err(args_err)?;
-    let ins = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
-    let outs = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
+        .init()?;
+    let ins = w.tensor(&[chips, len], DType::F32)?;
+    let outs = w.tensor(&[chips, len], DType::F32)?;
     ins.write(&(0..chips).flat_map(|r| input(r, len)).collect::<Vec<_>>())?;
     let report = group_run(&w, chips, "allreduce", &ins, &outs, args.trace)?;
     let want: Vec<f64> = (0..len)
@@ -309,7 +312,7 @@ fn collective_worker(
     let t = Instant::now();
     let (kernel, in_len, out_len, in_place) =
         (spec.kernel, (spec.in_len), spec.out_len, spec.in_place);
-    let w = Worker::builder()
+    let w = worker(args)
         .chips(chips)
         .cores(args.cores.0.max(1), args.cores.1.max(1))
         .collectives(64 << 10)
@@ -328,14 +331,9 @@ fn collective_worker(
                     .map(|_| ())
             }
         })
-        .init()
-        .map_err(args_err)?;
-    let ins = w
-        .tensor(&[chips, in_len.max(1)], DType::F32)
-        .map_err(args_err)?;
-    let outs = w
-        .tensor(&[chips, out_len.max(1)], DType::F32)
-        .map_err(args_err)?;
+        .init()?;
+    let ins = w.tensor(&[chips, in_len.max(1)], DType::F32)?;
+    let outs = w.tensor(&[chips, out_len.max(1)], DType::F32)?;
     ins.write(
         &(0..chips)
             .flat_map(|r| (spec.input)(r, chips, c))
@@ -478,7 +476,7 @@ fn notify_worker(
         .unwrap_or(if asynchronous { 64 } else { 16 })
         .max(1);
     let t = Instant::now();
-    let w = Worker::builder()
+    let w = worker(args)
         .chips(chips)
         .cores(args.cores.0, args.cores.1.max(1))
         .window(WindowSpec::for_buffers(vec![
@@ -502,10 +500,9 @@ fn notify_worker(
                 .out(0)?;
             crate::programs::wait_then_consume(o, &out, &res, 1.0)
         })
-        .init()
-        .map_err(args_err)?;
-    let ins = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
-    let outs = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
+        .init()?;
+    let ins = w.tensor(&[chips, len], DType::F32)?;
+    let outs = w.tensor(&[chips, len], DType::F32)?;
     let input = |r: usize| -> Vec<f32> {
         if asynchronous {
             (0..len).map(|i| (i + 100 * r) as f32).collect()
@@ -555,7 +552,7 @@ fn domain_worker(args: &RunArgs, chips: usize, dual: bool) -> Result<Outcome, Ex
     use pto_comm::{Collectives, ReduceOp};
     let len = args.size.unwrap_or(32).max(1);
     let t = Instant::now();
-    let w = Worker::builder()
+    let w = worker(args)
         .chips(chips)
         .cores(1, 1)
         .program(
@@ -607,10 +604,9 @@ fn domain_worker(args: &RunArgs, chips: usize, dual: bool) -> Result<Outcome, Ex
                 Ok(())
             },
         )
-        .init()
-        .map_err(args_err)?;
-    let ins = w.tensor(&[chips, len], DType::F32).map_err(args_err)?;
-    let outs = w.tensor(&[chips, 2, len], DType::F32).map_err(args_err)?;
+        .init()?;
+    let ins = w.tensor(&[chips, len], DType::F32)?;
+    let outs = w.tensor(&[chips, 2, len], DType::F32)?;
     ins.write(&(0..chips).flat_map(|r| inp(r, len)).collect::<Vec<_>>())?;
     let report = group_run(&w, chips, "domains", &ins, &outs, args.trace)?;
     let got = crate::collectives_ex::f64s(&outs.read::<f32>()?);

@@ -13,6 +13,7 @@ fn run(name: &'static str, backend: Backend, ranks: usize) -> Result<(), Failed>
         trace: false,
         cores: (1, 2),
         backend,
+        on_child_exit: None,
     };
     let out = dist::run(ex, &args, ranks).map_err(|e| e.to_string())?;
     if out.passed {

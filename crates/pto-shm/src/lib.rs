@@ -10,6 +10,8 @@
 //!   slices, checking a deadline and the liveness of the peers waited for).
 //! * [`process`]: process identity (pid plus start time) and liveness.
 //! * [`sweep`]: finds and removes segments whose creator died.
+//! * [`cleanup`]: on SIGINT/SIGTERM/SIGHUP, kill registered children and remove this
+//!   process's segments before exiting 128 + signal.
 //! * [`report`]: failure lines written with one `write`, so concurrent writers never split them.
 //!
 //! ```
@@ -32,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod barrier;
+pub mod cleanup;
 pub mod futex;
 pub mod process;
 pub mod report;
@@ -42,6 +45,12 @@ pub mod sync;
 pub mod wait;
 
 pub use segment::{nonce, Header, HeaderInit, Segment, HEADER_LEN, MAGIC, VERSION};
+
+/// Free bytes in `/dev/shm` (where every segment lives), or `None` when unknown.
+pub fn shm_free() -> Option<u64> {
+    let st = rustix::fs::statvfs("/dev/shm").ok()?;
+    st.f_bavail.checked_mul(st.f_frsize)
+}
 
 /// The `kind` values pto writes in segment headers.
 pub mod segment_kind {
@@ -114,4 +123,29 @@ pub enum ShmError {
         /// How long we waited.
         waited_ms: u64,
     },
+}
+
+/// What kind of failure an error is: every pto error type can say (the `pto` command's exit
+/// code comes from it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The caller asked for something invalid (arguments, sizes, configuration).
+    Usage,
+    /// The run failed: a failed task, a dead or stopped rank, a deadline.
+    Runtime,
+    /// The machine cannot do it: no space in `/dev/shm`, a missing program, a refused fork.
+    Environment,
+}
+
+impl ShmError {
+    /// The kind of failure.
+    pub fn fault(&self) -> Fault {
+        match self {
+            ShmError::NoSpace { .. } | ShmError::Os { .. } => Fault::Environment,
+            ShmError::BadName(_) | ShmError::BadSize { .. } => Fault::Usage,
+            ShmError::BadHeader { .. } | ShmError::Stale { .. } | ShmError::Timeout { .. } => {
+                Fault::Runtime
+            }
+        }
+    }
 }

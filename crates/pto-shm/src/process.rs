@@ -91,6 +91,21 @@ pub fn thread_count() -> usize {
         .unwrap_or(0)
 }
 
+/// Bytes of memory the kernel says can be had without swapping (`MemAvailable` in
+/// `/proc/meminfo`), or `None` when unknown.
+pub fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
 /// What `fork` returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Forked {
@@ -142,18 +157,51 @@ pub fn kill(pid: u32) {
     }
 }
 
+/// How a reaped child ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reaped {
+    /// It exited with this code.
+    Exited(i32),
+    /// This signal killed it.
+    Signaled(i32),
+    /// It is gone, but not as a child of this process (already reaped elsewhere).
+    Unknown,
+}
+
+/// Reaps `pid` if it has ended; `None` while it runs (or is stopped).
+pub fn reap(pid: u32) -> Option<Reaped> {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return Some(Reaped::Unknown);
+    };
+    match rustix::process::waitpid(Some(p), rustix::process::WaitOptions::NOHANG) {
+        Ok(Some((_, st))) => Some(match (st.exit_status(), st.terminating_signal()) {
+            (Some(c), _) => Reaped::Exited(c),
+            (_, Some(s)) => Reaped::Signaled(s),
+            _ => Reaped::Unknown,
+        }),
+        Ok(None) => None,
+        Err(_) => Some(Reaped::Unknown),
+    }
+}
+
 /// Reaps `pid` if it has exited: `Some(exit code, or 128 + signal)`, `None` while it runs.
 pub fn try_reap(pid: u32) -> Option<i32> {
-    let p = rustix::process::Pid::from_raw(pid as i32)?;
-    match rustix::process::waitpid(Some(p), rustix::process::WaitOptions::NOHANG) {
-        Ok(Some((_, st))) => Some(
-            st.exit_status()
-                .or_else(|| st.terminating_signal().map(|s| 128 + s))
-                .unwrap_or(-1),
-        ),
-        Ok(None) => None,
-        Err(_) => Some(-1),
-    }
+    reap(pid).map(|r| match r {
+        Reaped::Exited(c) => c,
+        Reaped::Signaled(s) => 128 + s,
+        Reaped::Unknown => -1,
+    })
+}
+
+/// The state letter of `pid` in `/proc/<pid>/stat` (`R` running, `S` sleeping, `T` stopped,
+/// `t` stopped by a debugger, `Z` zombie...), or `None` when it does not exist.
+pub fn state(pid: u32) -> Option<char> {
+    stat(pid).map(|s| s.0)
+}
+
+/// True when `pid` is stopped (by `SIGSTOP`/`SIGTSTP` or a debugger).
+pub fn is_stopped(pid: u32) -> bool {
+    matches!(state(pid), Some('T' | 't'))
 }
 
 /// This process's parent pid.

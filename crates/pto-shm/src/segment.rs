@@ -215,7 +215,12 @@ impl Segment {
             anon: false,
         };
         seg.publish(init);
-        tracing::debug!(segment = name, bytes = len, kind = init.kind, "segment created");
+        tracing::debug!(
+            segment = name,
+            bytes = len,
+            kind = init.kind,
+            "segment created"
+        );
         Ok(seg)
     }
 
@@ -248,7 +253,8 @@ impl Segment {
             let st = rustix::fs::fstat(&fd).map_err(os("fstat", name))?;
             // Anything but a regular file (a FIFO or a device someone named like a segment)
             // is not ours: never map or wait on it.
-            if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
+            {
                 return Err(ShmError::BadHeader {
                     name: name.to_string(),
                     why: "not a regular file".into(),

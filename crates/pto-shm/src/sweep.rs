@@ -218,7 +218,11 @@ mod fifo_tests {
         assert!(!swept.removed.iter().any(|s| s.name == name));
         let err = Segment::open(&name, Instant::now() + Duration::from_secs(5)).unwrap_err();
         assert!(matches!(err, ShmError::BadHeader { .. }), "{err}");
-        assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            t.elapsed()
+        );
         std::fs::remove_file(&path).unwrap();
     }
 }

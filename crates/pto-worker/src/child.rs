@@ -119,8 +119,17 @@ fn serve(
             match cs
                 .chip
                 .run_with(&program, RunOptions { trace: f.trace })
-                .map_err(|e| e.to_string())
-                .and_then(|r| cs.store_back().map(|()| r))
+                .map_err(|e| {
+                    // A failure caused by another chip (it died or aborted, or a wait on the
+                    // others ran out) is reported as a consequence, not as a root cause.
+                    let text = e.to_string();
+                    let consequence = match &cs.ctx {
+                        Some(c) => c.comm().is_consequence(&text),
+                        None => text.contains("timed out after"),
+                    };
+                    (if consequence { 3 } else { 1 }, text)
+                })
+                .and_then(|r| cs.store_back().map(|()| r).map_err(|e| (1, e)))
             {
                 Ok(r) => Outcome {
                     status: 0,
@@ -131,7 +140,7 @@ fn serve(
                         .map(|t| serde_like(&t.chrome_events()))
                         .unwrap_or_default(),
                 },
-                Err(e) => fail(1, e),
+                Err((status, e)) => fail(status, e),
             }
         }
         (FrameKind::Worker, _) if inner.is_some() => {
@@ -165,31 +174,53 @@ fn serde_like(events: &[serde_json::Value]) -> String {
     serde_json::Value::Array(events.to_vec()).to_string()
 }
 
+/// Why a bring-up failed: the message, and whether another chip's failure caused it.
+struct BootFail {
+    consequence: bool,
+    message: String,
+}
+
+impl From<String> for BootFail {
+    fn from(message: String) -> BootFail {
+        BootFail {
+            consequence: false,
+            message,
+        }
+    }
+}
+
+impl From<pto_comm::CommError> for BootFail {
+    fn from(e: pto_comm::CommError) -> BootFail {
+        BootFail {
+            consequence: e.is_consequence(),
+            message: e.to_string(),
+        }
+    }
+}
+
 fn bring_up(
     spec: &Spec,
     world: Option<&ShmWorld>,
     index: usize,
     cache: &SegmentCache,
-) -> Result<(ChipState, BootFacts), String> {
+) -> Result<(ChipState, BootFacts), BootFail> {
     let n = spec.chips;
     let (ctx, window, facts) = match world {
         Some(w) => {
-            let comm = w.join(index).map_err(|e| e.to_string())?;
+            let comm = w.join(index)?;
             if let Some(h) = &spec.boot_hook {
                 h(index)?;
             }
             let (window, offsets, bytes): (Option<Window>, Vec<u64>, u64) = match &spec.window {
                 Some(ws) => {
-                    let win = comm.alloc_window(ws).map_err(|e| e.to_string())?;
+                    let win = comm.alloc_window(ws)?;
                     let offs = win.buffers().iter().map(|b| b.offset as u64).collect();
                     (Some(win), offs, ws.bytes as u64)
                 }
                 None => (None, Vec::new(), 0),
             };
             let coll = match spec.collectives {
-                Some(cap) => {
-                    Some(pto_comm::Collectives::new(&comm, cap).map_err(|e| e.to_string())?)
-                }
+                Some(cap) => Some(pto_comm::Collectives::new(&comm, cap)?),
                 None => None,
             };
             let mut ctx = CommContext::new(comm);
@@ -226,15 +257,14 @@ fn bring_up(
     let mut staged = Vec::new();
     if let Some(w) = &window {
         for (name, descs) in &spec.staging {
-            let b = w.buffer(name).map_err(|e| e.to_string())?;
+            let b = w.buffer(name)?;
             let (host, _) = tensor(cache, &descs[index])?;
             let bytes = host.read_bytes().map_err(|e| e.to_string())?;
-            w.put(w.rank(), b.offset, &bytes)
-                .map_err(|e| e.to_string())?;
+            w.put(w.rank(), b.offset, &bytes)?;
             staged.push((b.offset, b.bytes, host));
         }
         // Every chip loaded its buffers before any runs a task that may read a peer's.
-        w.barrier().map_err(|e| e.to_string())?;
+        w.barrier()?;
     }
     drop(window);
     let mut b = Chip::builder()
@@ -275,7 +305,8 @@ pub(crate) fn child_main(
                 Some(s)
             }
             Err(e) => {
-                mailbox.boot_error(1, &format!("chip {i}: {e}"));
+                let mark = if e.consequence { "consequence: " } else { "" };
+                mailbox.boot_error(1, &format!("{mark}{}", e.message));
                 pto_shm::process::exit_now(3);
             }
         },

@@ -57,7 +57,8 @@ pub struct Frame {
 /// A result.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
-    /// 0 success, 1 the task failed, 2 the frame was invalid.
+    /// 0 success, 1 the task failed, 2 the frame was invalid, 3 the task failed because of
+    /// another child (a peer died or aborted, or a wait on the others ran out).
     pub status: u32,
     /// Tasks the chip ran.
     pub tasks: u64,
@@ -333,7 +334,7 @@ impl Outcome {
     pub fn decode(b: &[u8]) -> Result<Outcome, FrameError> {
         let mut r = R { b, at: 0 };
         let status = r.u32()?;
-        if status > 2 {
+        if status > 3 {
             return Err(r.err(format!("unknown status {status}")));
         }
         let tasks = r.u64()?;

@@ -61,12 +61,14 @@
 #![warn(missing_docs)]
 
 mod child;
+mod failure;
 pub mod frame;
 pub mod mailbox;
 pub mod shared;
+mod supervise;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,13 +79,16 @@ use pto_core::{
     Chip, CoreKind, DType, KernelCtx, KernelError, KernelRegistry, Orch, OrchError, Program,
     RunError, RunOptions, RunReport, Scalar, Submitted, TaskArgs, Tensor,
 };
-use pto_shm::process::{Forked, ProcessId};
+use pto_shm::process::Forked;
 use pto_shm::ShmError;
 
 use frame::{Frame, FrameKind, Outcome, TensorDesc};
 use mailbox::{BootFacts, Ident, Mailbox};
+use supervise::{reap_all, ChildHandle};
 
+pub use failure::{signal_name, ChildExit, ChildFailure, FailKind, RunFailure};
 pub use mailbox::BootFacts as ChipFacts;
+pub use pto_shm::Fault;
 
 /// Errors of the Worker, naming the chip or sub-worker, task and message.
 #[derive(Debug, thiserror::Error)]
@@ -96,12 +101,14 @@ pub enum WorkerError {
         threads: usize,
     },
     /// A chip failed to come up.
-    #[error("{who} failed to come up: {message}")]
+    #[error("bring-up failed: {message}")]
     Boot {
-        /// The chip.
+        /// The chip (the root cause).
         who: String,
-        /// Its message.
+        /// Every failure, the root cause first.
         message: String,
+        /// The failures one by one.
+        report: Box<RunFailure>,
     },
     /// A child process died.
     #[error("{who} (pid {pid}) died")]
@@ -135,6 +142,32 @@ pub enum WorkerError {
     /// Communication failed.
     #[error(transparent)]
     Comm(#[from] CommError),
+    /// Children failed (a run, or bring-up): every failure, the root cause first.
+    #[error("{0}")]
+    Failed(RunFailure),
+}
+
+impl WorkerError {
+    /// The kind of failure.
+    pub fn fault(&self) -> Fault {
+        match self {
+            WorkerError::NotSingleThreaded { .. } | WorkerError::Args(_) => Fault::Usage,
+            WorkerError::Fork(_) => Fault::Environment,
+            WorkerError::Shm(e) => e.fault(),
+            WorkerError::Comm(e) => e.fault(),
+            WorkerError::Run(e) => e.fault(),
+            _ => Fault::Runtime,
+        }
+    }
+
+    /// The per-child failures, when this error has them.
+    pub fn failures(&self) -> Option<&RunFailure> {
+        match self {
+            WorkerError::Failed(f) => Some(f),
+            WorkerError::Boot { report, .. } => Some(report),
+            _ => None,
+        }
+    }
 }
 
 /// What a chip program receives besides the orchestration API.
@@ -202,11 +235,17 @@ pub(crate) struct Spec {
     staging: Vec<(String, Vec<TensorDesc>)>,
     /// Staging capacity of each chip's collectives, when it has them.
     collectives: Option<usize>,
+    /// True when `timeout` was set explicitly (else `PTO_WAIT_TIMEOUT_MS` at init).
+    timeout_set: bool,
 }
+
+/// What the watcher calls when a child dies outside a run.
+type ExitHook = dyn Fn(&ChildFailure) + Send + Sync;
 
 /// Builds a [`Worker`].
 pub struct WorkerBuilder {
     spec: Spec,
+    on_exit: Option<Arc<ExitHook>>,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -237,13 +276,26 @@ impl WorkerBuilder {
                 programs: Vec::new(),
                 subs_fns: Vec::new(),
                 boot_hook: None,
-                timeout: pto_core::config::Settings::from_env().wait_timeout,
+                timeout: Duration::ZERO,
                 workers: Vec::new(),
                 worker_fns: Vec::new(),
                 staging: Vec::new(),
                 collectives: None,
+                timeout_set: false,
             },
+            on_exit: None,
         }
+    }
+
+    /// Called (from the Worker's watcher thread) when a child dies while no run is in progress,
+    /// for example while the host prepares inputs. The Worker is unusable from then on whatever
+    /// the hook does; a supervisor such as the `pto` command reports and exits at once.
+    pub fn on_child_exit<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&ChildFailure) + Send + Sync + 'static,
+    {
+        self.on_exit = Some(Arc::new(f));
+        self
     }
 
     /// Number of chips (ranks).
@@ -286,6 +338,7 @@ impl WorkerBuilder {
     /// Deadline of bring-up and of every task.
     pub fn timeout(mut self, d: Duration) -> Self {
         self.spec.timeout = d;
+        self.spec.timeout_set = true;
         self
     }
 
@@ -377,7 +430,17 @@ impl WorkerBuilder {
     ///
     /// Bad sizes, a process that already has threads, a chip whose bring-up failed (named,
     /// with its message: every child is then reaped and no segment is left), or a timeout.
-    pub fn init(self) -> Result<Worker, WorkerError> {
+    pub fn init(mut self) -> Result<Worker, WorkerError> {
+        if !self.spec.timeout_set {
+            self.spec.timeout = pto_core::config::Settings::from_env()
+                .map_err(|e| WorkerError::Args(e.to_string()))?
+                .wait_timeout;
+        }
+        if self.spec.timeout.is_zero() {
+            return Err(WorkerError::Args(
+                "the Worker's timeout must be above zero".into(),
+            ));
+        }
         let spec = Arc::new(self.spec);
         if spec.chips == 0 || spec.chips > pto_comm::MAX_RANKS {
             return Err(WorkerError::Args(format!(
@@ -415,6 +478,9 @@ impl WorkerBuilder {
         if threads > 1 {
             return Err(WorkerError::NotSingleThreaded { threads });
         }
+        // Before forking, so that children inherit it: a signal ends every child and removes
+        // every segment (docs/design/worker.md).
+        pto_shm::cleanup::install();
         let t0 = Instant::now();
         let world = if spec.comm {
             Some(ShmWorld::create(spec.chips)?)
@@ -444,81 +510,29 @@ impl WorkerBuilder {
             let forked = unsafe { pto_shm::process::fork() };
             match forked {
                 Ok(Forked::Child) => child::child_main(&spec, world.as_ref(), &mb, role, parent),
-                Ok(Forked::Parent(pid)) => children.push(ChildHandle {
-                    who: match role {
+                Ok(Forked::Parent(pid)) => {
+                    let who = match role {
                         child::Role::Chip(c) => format!("chip {c}"),
                         child::Role::Sub => format!("sub-worker {}", i - spec.chips),
                         child::Role::Worker(w) => format!("child worker {w}"),
-                    },
-                    pid,
-                    mailbox: mb,
-                    generation: Mutex::new(0),
-                    reaped: Mutex::new(false),
-                }),
+                    };
+                    children.push(ChildHandle::new(who, pid, mb));
+                }
                 Err(e) => {
                     reap_all(&children, Duration::from_millis(500));
                     return Err(WorkerError::Fork(e));
                 }
             }
         }
-        // Bring-up: wait for every child's bootstrap record.
-        let deadline = Instant::now() + spec.timeout;
-        let mut facts = vec![None; total];
-        let failure = 'wait: loop {
-            let mut pending = false;
-            for (i, c) in children.iter().enumerate() {
-                if facts[i].is_some() {
-                    continue;
-                }
-                match c.mailbox.boot_result() {
-                    Ok(Some(f)) => facts[i] = Some(f),
-                    Ok(None) => {
-                        if !c.pid.is_alive() {
-                            // It may have reported just before dying.
-                            match c.mailbox.boot_result() {
-                                Err(message) => {
-                                    break 'wait Some(WorkerError::Boot {
-                                        who: c.who.clone(),
-                                        message,
-                                    })
-                                }
-                                Ok(Some(f)) => facts[i] = Some(f),
-                                Ok(None) => {
-                                    break 'wait Some(WorkerError::ChildDied {
-                                        who: c.who.clone(),
-                                        pid: c.pid.pid,
-                                    })
-                                }
-                            }
-                        } else {
-                            pending = true;
-                        }
-                    }
-                    Err(message) => {
-                        break 'wait Some(WorkerError::Boot {
-                            who: c.who.clone(),
-                            message,
-                        })
-                    }
-                }
+        let facts = match bring_up(&children, spec.timeout) {
+            Ok(f) => f,
+            Err(e) => {
+                reap_all(&children, Duration::from_millis(500));
+                drop(world);
+                return Err(e);
             }
-            if !pending {
-                break None;
-            }
-            if Instant::now() >= deadline {
-                break Some(WorkerError::Timeout(format!(
-                    "chips not up within {:?}",
-                    spec.timeout
-                )));
-            }
-            std::thread::sleep(Duration::from_micros(200));
         };
-        if let Some(e) = failure {
-            reap_all(&children, Duration::from_millis(500));
-            drop(world);
-            return Err(e);
-        }
-        let facts: Vec<BootFacts> = facts.into_iter().map(Option::unwrap_or_default).collect();
+        tracing::debug!(chips = spec.chips, children = total, took = ?t0.elapsed(), "Worker up");
         let state = Arc::new(HostState {
             children,
             chips: spec.chips,
@@ -526,10 +540,15 @@ impl WorkerBuilder {
             timeout: spec.timeout,
             run: AtomicU64::new(0),
             broken: Mutex::new(None),
+            failures: Mutex::new(Vec::new()),
+            in_run: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            aborted: Mutex::new(None),
+            on_exit: self.on_exit,
             traces: Mutex::new(Vec::new()),
-            tracing: std::sync::atomic::AtomicBool::new(false),
+            tracing: AtomicBool::new(false),
         });
-        let host = Chip::builder()
+        let host = match Chip::builder()
             .chip_id(u32::MAX)
             .aic_cores(0)
             .aiv_cores(total as u32 + 1)
@@ -537,7 +556,15 @@ impl WorkerBuilder {
             .ring_heap_bytes(16 << 20)
             .ring_allocator(Arc::new(shared::shared_buffer))
             .extension(state.clone())
-            .build()?;
+            .build()
+        {
+            Ok(h) => h,
+            Err(e) => {
+                reap_all(&state.children, Duration::from_millis(500));
+                return Err(e.into());
+            }
+        };
+        let watcher = supervise::spawn_watcher(state.clone()).map_err(WorkerError::Fork)?;
         Ok(Worker {
             spec,
             kernels: Arc::new(host_kernels().map_err(|e| WorkerError::Args(e.to_string()))?),
@@ -547,47 +574,81 @@ impl WorkerBuilder {
             world,
             init_time: t0.elapsed(),
             closed: false,
+            watcher: Some(watcher),
         })
     }
 }
 
-struct ChildHandle {
-    who: String,
-    pid: ProcessId,
-    mailbox: Mailbox,
-    /// Held while a task runs on this child; counts frames sent.
-    generation: Mutex<u64>,
-    reaped: Mutex<bool>,
-}
+/// Extra time the host gives a child past the wait deadline, so that a child's own deadline
+/// error (which says what it waited for) arrives before the host gives up on it.
+const GRACE: Duration = Duration::from_millis(500);
 
-fn reap_all(children: &[ChildHandle], grace: Duration) {
-    for c in children {
-        c.mailbox.shutdown();
-    }
-    let deadline = Instant::now() + grace;
-    for c in children {
-        let mut reaped = c.reaped.lock();
-        if *reaped {
-            continue;
-        }
-        loop {
-            if pto_shm::process::try_reap(c.pid.pid).is_some() {
-                break;
+/// Waits for every child's bootstrap record. On a failure, keeps collecting for a moment so
+/// that the report can tell the root cause from its consequences.
+fn bring_up(children: &[ChildHandle], timeout: Duration) -> Result<Vec<BootFacts>, WorkerError> {
+    let deadline = Instant::now() + timeout;
+    let mut facts = vec![None; children.len()];
+    let mut failures: Vec<ChildFailure> = Vec::new();
+    let mut settle: Option<Instant> = None;
+    loop {
+        let mut pending = 0;
+        for (i, c) in children.iter().enumerate() {
+            if facts[i].is_some() || failures.iter().any(|f| f.child == i) {
+                continue;
             }
-            if Instant::now() >= deadline {
-                pto_shm::process::kill(c.pid.pid);
-                let t = Instant::now();
-                while pto_shm::process::try_reap(c.pid.pid).is_none()
-                    && t.elapsed() < Duration::from_secs(2)
-                {
-                    std::thread::sleep(Duration::from_millis(1));
+            // A child may report just before it dies: read its record first.
+            let exit = c.exit();
+            match c.mailbox.boot_result() {
+                Ok(Some(f)) => facts[i] = Some(f),
+                Err(message) => {
+                    // A chip whose bring-up failed because of another says so first.
+                    let (kind, message) = match message.strip_prefix("consequence: ") {
+                        Some(m) => (FailKind::Consequence, m.to_string()),
+                        None => (FailKind::Task, message),
+                    };
+                    failures.push(c.failure(i, kind, message));
                 }
+                Ok(None) => match exit {
+                    Some(e) => {
+                        failures.push(c.failure(i, FailKind::Died(e), "during bring-up".into()))
+                    }
+                    None => pending += 1,
+                },
+            }
+        }
+        if !failures.is_empty() {
+            // Consequences (peers noticing the failure) follow within a few wait slices.
+            let until = *settle.get_or_insert_with(|| Instant::now() + Duration::from_millis(60));
+            if pending == 0 || Instant::now() >= until {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(1));
+        } else if pending == 0 {
+            return Ok(facts.into_iter().map(Option::unwrap_or_default).collect());
+        } else if Instant::now() >= deadline {
+            let up = facts.iter().filter(|f| f.is_some()).count();
+            let waiting: Vec<&str> = children
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| facts[*i].is_none())
+                .map(|(_, c)| c.who.as_str())
+                .take(8)
+                .collect();
+            return Err(WorkerError::Timeout(format!(
+                "bring-up did not finish within {timeout:?}: {up} of {} children up, still starting: {}{} (raise PTO_WAIT_TIMEOUT_MS, or run fewer chips)",
+                children.len(),
+                waiting.join(", "),
+                if pending > waiting.len() { ", ..." } else { "" }
+            )));
         }
-        *reaped = true;
+        std::thread::sleep(Duration::from_micros(200));
     }
+    let report = RunFailure::from_failures(failures)
+        .ok_or_else(|| WorkerError::Timeout("bring-up failed".into()))?;
+    Err(WorkerError::Boot {
+        who: report.root.who.clone(),
+        message: report.to_string(),
+        report: Box::new(report),
+    })
 }
 
 /// The host's view of its children, reachable from host kernels (the host chip's extension).
@@ -597,12 +658,42 @@ struct HostState {
     subs: usize,
     timeout: Duration,
     run: AtomicU64,
+    /// Set once a child is gone or lost: the Worker cannot run any more.
     broken: Mutex<Option<String>>,
+    /// Every child failure seen since the last run started.
+    failures: Mutex<Vec<ChildFailure>>,
+    in_run: AtomicBool,
+    closing: AtomicBool,
+    /// Why [`Worker::abort`] ended the Worker.
+    aborted: Mutex<Option<String>>,
+    on_exit: Option<Arc<ExitHook>>,
     traces: Mutex<Vec<String>>,
-    tracing: std::sync::atomic::AtomicBool,
+    tracing: AtomicBool,
+}
+
+/// What a child's result status means: 0 success, 1 its task failed, 2 the frame or the child
+/// was bad, 3 its task failed because of another child.
+fn kind_of(status: u32) -> FailKind {
+    if status == 3 {
+        FailKind::Consequence
+    } else {
+        FailKind::Task
+    }
 }
 
 impl HostState {
+    /// Keeps a failure; a child that is gone or lost makes the Worker unusable.
+    fn note_failure(&self, f: ChildFailure) {
+        if matches!(
+            f.kind,
+            FailKind::Died(_) | FailKind::Stopped | FailKind::NoAnswer
+        ) {
+            self.broken.lock().get_or_insert_with(|| f.to_string());
+        }
+        self.failures.lock().push(f);
+    }
+
+    /// Sends one frame to one child and waits for its result.
     fn send(&self, child: usize, task: u64, frame: &[u8]) -> Result<Outcome, String> {
         let c = &self.children[child];
         let mut gen = c.generation.lock();
@@ -612,25 +703,80 @@ impl HostState {
             task,
             generation: *gen,
         };
-        self.exchange(c, ident, frame)
+        c.mailbox.send(ident, frame).map_err(|e| e.to_string())?;
+        self.collect(task, &[(child, ident)])
+            .pop()
+            .unwrap_or_else(|| Err("no result".into()))
     }
 
-    fn exchange(&self, c: &ChildHandle, ident: Ident, frame: &[u8]) -> Result<Outcome, String> {
-        c.mailbox.send(ident, frame).map_err(|e| e.to_string())?;
-        let bytes = c
-            .mailbox
-            .wait_result(ident, c.pid, &c.who, Instant::now() + self.timeout)
-            .map_err(|e| {
-                if matches!(e, WorkerError::ChildDied { .. }) {
-                    *self.broken.lock() = Some(e.to_string());
+    /// Waits for the results of frames already sent to `members`, all at once: a member that
+    /// fails, dies or stops answering is noticed while the others are still awaited. Every
+    /// failure is recorded (with the time it was seen); the results come back in member order.
+    fn collect(&self, task: u64, members: &[(usize, Ident)]) -> Vec<Result<Outcome, String>> {
+        let start = Instant::now();
+        let deadline = start + self.timeout + GRACE;
+        let mut out: Vec<Option<Result<Outcome, String>>> = vec![None; members.len()];
+        let mut pending: Vec<usize> = (0..members.len()).collect();
+        while let Some(&first) = pending.first() {
+            let c = &self.children[members[first].0];
+            // Park on the first pending member; between slices, look at all of them.
+            let _ = c.mailbox.wait_ready(deadline, || {
+                let changed = pending.iter().any(|&k| {
+                    let ch = &self.children[members[k].0];
+                    ch.mailbox.result_ready() || !ch.running()
+                });
+                if changed {
+                    Err(())
+                } else {
+                    Ok(())
                 }
-                e.to_string()
-            })?;
-        let out = Outcome::decode(&bytes).map_err(|e| format!("{}: {e}", c.who))?;
-        if !out.trace.is_empty() {
-            self.traces.lock().push(out.trace.clone());
+            });
+            let past = Instant::now() >= deadline;
+            pending.retain(|&k| {
+                let (ci, ident) = members[k];
+                let ch = &self.children[ci];
+                let r = if ch.mailbox.result_ready() {
+                    let r = ch
+                        .mailbox
+                        .take_result(ident, &ch.who)
+                        .map_err(|e| e.to_string())
+                        .and_then(|b| Outcome::decode(&b).map_err(|e| format!("{}: {e}", ch.who)));
+                    match &r {
+                        Ok(o) if o.status != 0 => {
+                            self.note_failure(ch.failure(ci, kind_of(o.status), o.message.clone()))
+                        }
+                        Ok(o) if !o.trace.is_empty() => self.traces.lock().push(o.trace.clone()),
+                        Ok(_) => {}
+                        Err(e) => self.note_failure(ch.failure(ci, FailKind::Task, e.clone())),
+                    }
+                    r
+                } else if let Some(e) = ch.exit() {
+                    let f = ch.failure(
+                        ci,
+                        FailKind::Died(e),
+                        format!("while running host task {task}"),
+                    );
+                    let m = f.to_string();
+                    self.note_failure(f);
+                    Err(m)
+                } else if past {
+                    let f = ch.silence(ci, start.elapsed(), task);
+                    let m = f.to_string();
+                    // It cannot be trusted with another frame: stop it (a stopped process
+                    // takes SIGKILL too).
+                    ch.kill();
+                    self.note_failure(f);
+                    Err(m)
+                } else {
+                    return true;
+                };
+                out[k] = Some(r);
+                false
+            });
         }
-        Ok(out)
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err("no result".into())))
+            .collect()
     }
 }
 
@@ -718,50 +864,37 @@ fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> {
         // Take every member's lock in one order (no two groups can deadlock), publish all
         // frames, then collect every result.
         members.sort_unstable();
-        let guards: Vec<_> = members
+        let mut guards: Vec<_> = members
             .iter()
             .map(|&m| st.children[m].generation.lock())
             .collect();
         let run = st.run.load(Ordering::Relaxed);
         let mut idents = Vec::with_capacity(members.len());
-        for (g, &m) in guards.into_iter().zip(&members) {
-            let mut g = g;
-            *g += 1;
+        for (g, &m) in guards.iter_mut().zip(&members) {
+            **g += 1;
             let ident = Ident {
                 run,
                 task: ctx.task().get(),
-                generation: *g,
+                generation: **g,
             };
             st.children[m]
                 .mailbox
                 .send(ident, &frame)
                 .map_err(|e| KernelError::msg(e.to_string()))?;
-            idents.push((m, ident, g));
+            idents.push((m, ident));
         }
+        let results = st.collect(ctx.task().get(), &idents);
+        drop(guards);
         let mut first_err = None;
-        for (m, ident, _g) in &idents {
-            let c = &st.children[*m];
-            let r = c
-                .mailbox
-                .wait_result(*ident, c.pid, &c.who, Instant::now() + st.timeout)
-                .map_err(|e| {
-                    if matches!(e, WorkerError::ChildDied { .. }) {
-                        *st.broken.lock() = Some(e.to_string());
-                    }
-                    e.to_string()
-                })
-                .and_then(|b| Outcome::decode(&b).map_err(|e| e.to_string()));
+        for ((m, _), r) in idents.iter().zip(results) {
+            let who = &st.children[*m].who;
             match r {
-                Ok(o) if o.status == 0 => {
-                    if !o.trace.is_empty() {
-                        st.traces.lock().push(o.trace);
-                    }
-                }
+                Ok(o) if o.status == 0 => {}
                 Ok(o) => {
-                    first_err.get_or_insert(format!("{}: {}", c.who, o.message));
+                    first_err.get_or_insert(format!("{who}: {}", o.message));
                 }
                 Err(e) => {
-                    first_err.get_or_insert(format!("{}: {e}", c.who));
+                    first_err.get_or_insert(e);
                 }
             }
         }
@@ -1000,6 +1133,7 @@ pub struct Worker {
     world: Option<ShmWorld>,
     init_time: Duration,
     closed: bool,
+    watcher: Option<std::thread::JoinHandle<()>>,
 }
 
 impl fmt::Debug for Worker {
@@ -1065,9 +1199,24 @@ impl Worker {
         if let Some(b) = self.state.broken.lock().clone() {
             return Err(WorkerError::Broken(b));
         }
-        // A child's death is noticed while the host waits for it (and the run then marks the
-        // Worker broken); no /proc scan here, which would cost microseconds per run.
+        // A child's death is noticed by the watcher thread (or while the host waits for it).
         Ok(())
+    }
+
+    /// Checks that every child is still there: the error names the first that is not (with
+    /// its exit status), so code that prepares inputs for a long time can stop early.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkerError::Broken`] once a child died or was lost, or the Worker was closed.
+    pub fn check(&self) -> Result<(), WorkerError> {
+        for (i, c) in self.state.children.iter().enumerate() {
+            if let Some(e) = c.exit() {
+                self.state
+                    .note_failure(c.failure(i, FailKind::Died(e), String::new()));
+            }
+        }
+        self.usable()
     }
 
     /// Runs a host orchestration.
@@ -1094,6 +1243,8 @@ impl Worker {
         F: Fn(&mut HostOrch<'_, '_>) -> Result<(), OrchError> + Send + Sync + 'static,
     {
         self.usable()?;
+        self.state.failures.lock().clear();
+        self.state.in_run.store(true, Ordering::Release);
         self.state.run.fetch_add(1, Ordering::Relaxed);
         self.state.tracing.store(trace, Ordering::Relaxed);
         self.state.traces.lock().clear();
@@ -1106,6 +1257,15 @@ impl Worker {
             f(&mut h)
         });
         let r = self.host.run_with(&program, RunOptions { trace });
+        self.state.in_run.store(false, Ordering::Release);
+        let failures = std::mem::take(&mut *self.state.failures.lock());
+        if let Some(why) = self.state.aborted.lock().clone() {
+            return Err(WorkerError::Broken(why));
+        }
+        if let Some(mut report) = RunFailure::from_failures(failures) {
+            report.host = r.err();
+            return Err(WorkerError::Failed(report));
+        }
         if let Some(b) = self.state.broken.lock().clone() {
             return Err(WorkerError::Broken(b));
         }
@@ -1153,9 +1313,13 @@ impl Worker {
             generation: *g,
         };
         c.mailbox.inject_garbage(ident, bytes, claimed_len);
-        let b = c
-            .mailbox
-            .wait_result(ident, c.pid, &c.who, Instant::now() + self.spec.timeout)?;
+        let b = c.mailbox.wait_result(
+            ident,
+            c.pid.pid,
+            &c.who,
+            Instant::now() + self.spec.timeout,
+            || c.running(),
+        )?;
         Outcome::decode(&b).map_err(|e| WorkerError::Corrupt(e.to_string()))
     }
 
@@ -1169,14 +1333,17 @@ impl Worker {
     /// [`WorkerError::Broken`] naming `why`. Used for Ctrl-C in the Python module. Children are
     /// reaped and segments removed by [`Worker::close`] (or drop) as usual.
     pub fn abort(&self, why: &str) {
-        self.state.broken.lock().get_or_insert_with(|| why.to_string());
+        self.state
+            .aborted
+            .lock()
+            .get_or_insert_with(|| why.to_string());
+        self.state
+            .broken
+            .lock()
+            .get_or_insert_with(|| why.to_string());
         for c in &self.state.children {
             c.mailbox.shutdown();
-            // A reaped child's pid may belong to another process by now.
-            let reaped = c.reaped.lock();
-            if !*reaped {
-                pto_shm::process::kill(c.pid.pid);
-            }
+            c.kill();
         }
     }
 
@@ -1191,6 +1358,11 @@ impl Worker {
             return;
         }
         self.closed = true;
+        self.state.closing.store(true, Ordering::Release);
+        if let Some(w) = self.watcher.take() {
+            w.thread().unpark();
+            let _ = w.join();
+        }
         reap_all(&self.state.children, Duration::from_secs(1));
         self.world.take();
     }

@@ -23,7 +23,6 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pto_shm::process::ProcessId;
 use pto_shm::wait::{wait_until, wake, WaitError};
 use pto_shm::{segment_kind, HeaderInit, Segment};
 
@@ -204,49 +203,36 @@ impl Mailbox {
         Ok(())
     }
 
-    /// Waits for the child's result of `ident`, checking the child's liveness.
+    /// True once the child published a result (for a parent that polls several children).
+    pub fn result_ready(&self) -> bool {
+        self.w32(256).load(Ordering::Acquire) == DONE
+    }
+
+    /// Waits until the child publishes a result, the deadline passes, or `check` fails (it runs
+    /// every few milliseconds while the wait is parked).
     ///
     /// # Errors
     ///
-    /// The child died ([`WorkerError::ChildDied`]), the deadline passed, or the result's identity
-    /// or length is corrupt.
-    pub fn wait_result(
+    /// The deadline ([`WaitError::Timeout`]) or the check's error.
+    pub fn wait_ready<E>(
         &self,
-        ident: Ident,
-        child: ProcessId,
-        who: &str,
         deadline: Instant,
-    ) -> Result<Vec<u8>, WorkerError> {
-        let r = wait_until(
-            self.w32(256),
-            self.w32(264),
-            |v| v == DONE,
-            deadline,
-            || {
-                if child.is_alive() {
-                    Ok(())
-                } else {
-                    Err(())
-                }
-            },
-        );
-        match r {
-            Ok(()) => {}
-            Err(WaitError::Check(())) => {
-                // It may have published just before dying.
-                if self.w32(256).load(Ordering::Acquire) != DONE {
-                    return Err(WorkerError::ChildDied {
-                        who: who.to_string(),
-                        pid: child.pid,
-                    });
-                }
-            }
-            Err(WaitError::Timeout { waited }) => {
-                return Err(WorkerError::Timeout(format!(
-                    "{who} did not finish task {} within {waited:?}",
-                    ident.task
-                )))
-            }
+        check: impl FnMut() -> Result<(), E>,
+    ) -> Result<(), WaitError<E>> {
+        wait_until(self.w32(256), self.w32(264), |v| v == DONE, deadline, check)
+    }
+
+    /// Takes a published result: checks that it answers `ident`, copies it out and frees the
+    /// mailbox for the next frame.
+    ///
+    /// # Errors
+    ///
+    /// No result yet, or a result whose identity or length is corrupt.
+    pub fn take_result(&self, ident: Ident, who: &str) -> Result<Vec<u8>, WorkerError> {
+        if !self.result_ready() {
+            return Err(WorkerError::Corrupt(format!(
+                "{who} has no result for {ident:?}"
+            )));
         }
         let got = Ident {
             run: self.w64(304).load(Ordering::Relaxed),
@@ -262,6 +248,40 @@ impl Mailbox {
         let out = self.read_bytes(DATA + FRAME_CAP, RESULT_CAP, len)?;
         self.w32(256).store(IDLE, Ordering::Release);
         Ok(out)
+    }
+
+    /// Waits for the child's result of `ident` while `running()` says the child runs.
+    ///
+    /// # Errors
+    ///
+    /// The child died ([`WorkerError::ChildDied`]), the deadline passed, or the result's identity
+    /// or length is corrupt.
+    pub fn wait_result(
+        &self,
+        ident: Ident,
+        pid: u32,
+        who: &str,
+        deadline: Instant,
+        mut running: impl FnMut() -> bool,
+    ) -> Result<Vec<u8>, WorkerError> {
+        match self.wait_ready(deadline, || if running() { Ok(()) } else { Err(()) }) {
+            Ok(()) => {}
+            // It may have published just before dying.
+            Err(WaitError::Check(())) if self.result_ready() => {}
+            Err(WaitError::Check(())) => {
+                return Err(WorkerError::ChildDied {
+                    who: who.to_string(),
+                    pid,
+                })
+            }
+            Err(WaitError::Timeout { waited }) => {
+                return Err(WorkerError::Timeout(format!(
+                    "{who} did not finish task {} within {waited:?}",
+                    ident.task
+                )))
+            }
+        }
+        self.take_result(ident, who)
     }
 
     /// Asks the child to leave (sticky: nothing clears it).

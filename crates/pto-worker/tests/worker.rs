@@ -198,7 +198,7 @@ fn a_failing_bootstrap_names_the_chip_and_leaves_nothing() -> Result<(), Failed>
         })
         .init();
     match r {
-        Err(WorkerError::Boot { who, message }) => {
+        Err(WorkerError::Boot { who, message, .. }) => {
             assert_eq!(who, "chip 1");
             assert!(message.contains("no device here"), "{message}");
         }
@@ -237,10 +237,15 @@ fn failures_are_named_and_poison_dependents() -> Result<(), Failed> {
         msg.contains("chip 1") && msg.contains("chip kernel failed on purpose"),
         "{msg}"
     );
+    // The report leads with chip 1's failure and keeps the host run's error (what it
+    // poisoned).
+    let report = err.failures().ok_or("no per-chip report")?;
+    assert_eq!(report.root.who, "chip 1");
+    assert_eq!(report.root.kind, pto_worker::FailKind::Task);
     assert!(
         matches!(
-            &err,
-            WorkerError::Run(pto_core::RunError::TaskFailed { poisoned: 1, .. })
+            &report.host,
+            Some(pto_core::RunError::TaskFailed { poisoned: 1, .. })
         ),
         "{err:?}"
     );
@@ -296,7 +301,8 @@ fn a_killed_chip_is_reported_and_the_worker_says_it_is_unusable() -> Result<(), 
         t.elapsed()
     );
     assert!(
-        err.to_string().contains("chip 1") && err.to_string().contains("died"),
+        err.to_string().contains("chip 1")
+            && err.to_string().contains("killed by signal 9 (SIGKILL)"),
         "{err}"
     );
     let again = w.run(|_| Ok(())).unwrap_err();

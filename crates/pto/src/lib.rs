@@ -54,6 +54,7 @@
 pub use pto_comm as comm;
 pub use pto_core as core;
 pub use pto_core::config;
+pub use pto_core::{Fault, RunError};
 pub use pto_kernels as kernels;
 pub use pto_worker as worker;
 

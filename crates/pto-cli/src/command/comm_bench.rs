@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use pto_comm::{Comm, SignalOp, WindowSpec};
 use serde_json::json;
 
+use crate::cli::BackendArg;
 use crate::cli::BenchArgs;
 
 const SIZES: [usize; 4] = [8, 4096, 1 << 20, 64 << 20];
@@ -237,12 +238,9 @@ pub fn rank_main(allreduce_bench: bool) -> anyhow::Result<ExitCode> {
 }
 
 pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
-    if a.ranks == 0 {
-        bail!("--ranks must be at least 1");
-    }
     let is_allreduce = matches!(a.what, crate::cli::BenchKind::Allreduce);
-    match a.backend.as_str() {
-        "local" => {
+    match a.backend {
+        BackendArg::Local => {
             let results = pto_comm::local::run(a.ranks, |c| {
                 if is_allreduce {
                     allreduce(&c, a.json).map(|_| ()).map_err(|e| e.to_string())
@@ -257,7 +255,8 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        "shm" => {
+        BackendArg::Shm => {
+            pto_shm::cleanup::install();
             let mut world = pto_comm::shm::ShmWorld::create(a.ranks)?;
             let exe = std::env::current_exe()?;
             for r in 0..a.ranks {
@@ -285,10 +284,9 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             }
         }
         #[cfg(feature = "mpi")]
-        "mpi" => return mpi_bench(a, is_allreduce),
+        BackendArg::Mpi => return mpi_bench(a, is_allreduce),
         #[cfg(not(feature = "mpi"))]
-        "mpi" => bail!("this pto was built without MPI: build it with --features mpi"),
-        other => bail!("unknown backend {other:?} (local, shm or mpi)"),
+        BackendArg::Mpi => return Err(crate::exit::no_mpi()),
     }
     Ok(ExitCode::SUCCESS)
 }

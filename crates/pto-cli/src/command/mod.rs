@@ -27,19 +27,22 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rank { job } => match job.as_str() {
             "bench-comm" => comm_bench::rank_main(false),
             "bench-allreduce" => comm_bench::rank_main(true),
-            other => anyhow::bail!("unknown rank job {other:?}"),
+            other => Err(crate::exit::Usage(format!("unknown rank job {other:?}")).into()),
         },
         Command::Env => {
             for v in pto::config::VARS {
                 let cur = std::env::var(v.name).unwrap_or_else(|_| "(unset)".into());
                 println!(
-                    "{:<22} {:<10} default {:<10} {}",
-                    v.name, cur, v.default, v.doc
+                    "{:<22} {:<10} default {:<10} {}; {}",
+                    v.name,
+                    cur,
+                    v.default,
+                    v.doc,
+                    v.allowed()
                 );
             }
-            for w in pto::config::Settings::warnings() {
-                eprintln!("warning: {w}");
-            }
+            // A bad value is reported (exit 2) after the list, so the list still shows it.
+            pto::config::check_all()?;
             Ok(ExitCode::SUCCESS)
         }
     }

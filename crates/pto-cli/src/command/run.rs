@@ -1,58 +1,116 @@
-//! `pto run <example>`.
+//! `pto run <example>`: checks every argument before anything starts, runs the example, and
+//! reports one verdict (text, or one JSON object with `--json`, also on failure) whose exit code
+//! says what happened (see `crate::exit`).
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use pto_comm::Backend;
-use pto_examples::{Example, ExampleError, Outcome};
-use serde_json::json;
+use pto_examples::{Example, ExitHook, Outcome, RankState};
+use pto_worker::{ChildExit, ChildFailure, FailKind, RunFailure, WorkerError};
+use serde_json::{json, Value};
 
 use crate::cli::RunArgs;
+use crate::exit::{self, Usage};
+
+/// What `execute` ended with.
+enum Flow {
+    /// A verdict to report.
+    Report(Outcome),
+    /// Nothing to report here (an MPI rank other than 0, or the launcher of an MPI job whose
+    /// rank 0 reported): exit with this code.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    Exit(ExitCode),
+}
 
 pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
+    let rep = Reporter {
+        example: a.example.clone(),
+        ranks: a.ranks.unwrap_or(1),
+        backend: a.backend.backend().name(),
+        json: a.json,
+        trace: a.trace.clone(),
+    };
+    Ok(match execute(a, &rep) {
+        Ok(Flow::Report(o)) => rep.outcome(&o),
+        Ok(Flow::Exit(code)) => code,
+        Err(e) => rep.error(&e),
+    })
+}
+
+fn execute(a: &RunArgs, rep: &Reporter) -> anyhow::Result<Flow> {
     let Some(ex) = pto_examples::find(&a.example) else {
         let names: Vec<&str> = pto_examples::EXAMPLES.iter().map(|e| e.name).collect();
-        bail!(
+        return Err(Usage(format!(
             "no example named {:?}; the examples are: {}",
             a.example,
             names.join(", ")
-        );
+        ))
+        .into());
     };
-    let Some(backend) = Backend::from_name(&a.backend) else {
-        bail!("unknown backend {:?}: use shm, local or mpi", a.backend);
-    };
-    let ranks = a.ranks.unwrap_or(1);
-    if ranks == 0 || ranks > pto_comm::MAX_RANKS {
-        bail!("--ranks must be 1 to {}", pto_comm::MAX_RANKS);
+    pto::config::check_all()?;
+    let backend = a.backend.backend();
+    if backend != Backend::Mpi {
+        if let Some((var, value)) = pto_comm::mpi_launcher() {
+            return Err(Usage(format!(
+                "this pto was started by an MPI launcher ({var}={value}) but --backend is {}: \
+                 every rank would run a separate job of its own. Use --backend mpi, or run pto \
+                 without mpirun (it starts its ranks itself)",
+                backend.name()
+            ))
+            .into());
+        }
     }
     let args = pto_examples::RunArgs {
         size: a.size,
         trace: a.trace.is_some(),
         cores: (a.aic, a.aiv),
         backend,
+        on_child_exit: None,
     };
     if backend == Backend::Mpi {
         return mpi::run(ex, a, &args);
     }
+    ex.check_args(&args, rep.ranks)
+        .map_err(|e| Usage(e.to_string()))?;
+    // A signal now ends every chip and removes every segment (exit 128 + signal).
+    pto_shm::cleanup::install();
+    // What a run killed with SIGKILL left behind (its creator is dead) goes now.
+    let swept = pto_shm::sweep::sweep_stale();
+    if !swept.removed.is_empty() {
+        let bytes: u64 = swept.removed.iter().map(|s| s.bytes).sum();
+        tracing::info!(
+            segments = swept.removed.len(),
+            bytes,
+            "removed segments left by runs that died"
+        );
+    }
+    // A chip that dies while no run is in progress (the host preparing inputs) ends the
+    // command at once, with the report.
+    let hook_rep = rep.clone();
+    let args = pto_examples::RunArgs {
+        on_child_exit: Some(ExitHook(Arc::new(move |f: &ChildFailure| {
+            let code = hook_rep.child_death(f);
+            pto_shm::cleanup::terminate(i32::from(code))
+        }))),
+        ..args
+    };
     // Progress on a terminal only: quiet when output goes to a file or a pipe.
     use std::io::IsTerminal;
     let tty = std::io::stderr().is_terminal() && !a.json;
     if tty {
-        eprint!("running {} on {} rank(s)...", ex.name, ranks);
+        eprint!("running {} on {} rank(s)...", ex.name, rep.ranks);
     }
-    let result = pto_examples::dist::run(ex, &args, ranks);
+    let result = pto_examples::dist::run(ex, &args, rep.ranks);
     if tty {
         eprint!("\r\x1b[2K");
     }
-    if let (Some(path), Ok(o)) = (&a.trace, &result) {
-        write_trace(path, o)?;
+    let o = result?;
+    if let Some(path) = &a.trace {
+        write_trace(path, &o)?;
     }
-    let backend_name = if ex.ranks.is_some() || ex.worker.is_some() {
-        backend.name()
-    } else {
-        "local"
-    };
-    Ok(report(ex, a, ranks, backend_name, &result))
+    Ok(Flow::Report(o))
 }
 
 /// Writes every chip's trace events as one Chrome trace.
@@ -62,48 +120,198 @@ fn write_trace(path: &std::path::Path, o: &Outcome) -> anyhow::Result<()> {
         .with_context(|| format!("writing the trace to {}", path.display()))
 }
 
-/// Prints the verdict (text or one JSON object); exit code 0 only on a match.
-fn report(
-    ex: &Example,
-    a: &RunArgs,
+/// Prints verdicts: a text report, or one JSON object.
+#[derive(Clone)]
+struct Reporter {
+    example: String,
     ranks: usize,
-    backend_name: &str,
-    result: &Result<Outcome, ExampleError>,
-) -> ExitCode {
-    let (passed, detail, wall_ms, tasks) = match result {
-        Ok(o) => (
-            o.passed,
-            o.detail.clone(),
-            o.wall.as_secs_f64() * 1e3,
-            o.tasks,
+    backend: &'static str,
+    json: bool,
+    trace: Option<std::path::PathBuf>,
+}
+
+fn state_word(s: RankState) -> &'static str {
+    match s {
+        RankState::Passed => "passed",
+        RankState::Mismatch => "mismatch",
+        RankState::Failed => "failed",
+        RankState::Consequence => "consequence",
+    }
+}
+
+fn child_json(f: &ChildFailure, chips: usize, root: bool) -> Value {
+    let rank = f
+        .who
+        .strip_prefix("chip ")
+        .and_then(|r| r.parse::<usize>().ok())
+        .filter(|&r| r < chips);
+    let (state, exit) = match &f.kind {
+        FailKind::Task => ("failed", Value::Null),
+        FailKind::Consequence => ("consequence", Value::Null),
+        FailKind::Stopped => ("stopped", Value::Null),
+        FailKind::NoAnswer => ("no_answer", Value::Null),
+        FailKind::Died(ChildExit::Code(c)) => ("died", json!({ "code": c })),
+        FailKind::Died(ChildExit::Signal(s)) => (
+            "died",
+            json!({ "signal": s, "name": pto_worker::signal_name(*s) }),
         ),
-        Err(e) => (false, format!("error: {e}"), 0.0, 0),
+        FailKind::Died(ChildExit::Unknown) => ("died", Value::Null),
     };
-    if a.json {
-        println!(
-            "{}",
-            json!({
-                "example": ex.name, "ranks": ranks, "backend": backend_name,
-                "passed": passed, "wall_ms": (wall_ms * 1000.0).round() / 1000.0,
-            })
-        );
-        if !passed {
-            eprintln!("{}: {detail}", ex.name);
+    json!({
+        "rank": rank, "who": f.who, "pid": f.pid, "state": state, "exit": exit,
+        "message": f.message, "root_cause": root,
+    })
+}
+
+impl Reporter {
+    fn head(&self, verdict: &str) -> String {
+        format!(
+            "{} on {} rank(s) ({}): {verdict}",
+            self.example, self.ranks, self.backend
+        )
+    }
+
+    /// Prints a finished run's verdict: 0 on a match, 1 on a mismatch, 3 when a rank failed.
+    fn outcome(&self, o: &Outcome) -> ExitCode {
+        let failed = o
+            .ranks
+            .iter()
+            .any(|r| matches!(r.state, RankState::Failed | RankState::Consequence));
+        let code = if o.passed {
+            0
+        } else if failed {
+            exit::RUNTIME
+        } else {
+            exit::WRONG_RESULT
+        };
+        let wall_ms = (o.wall.as_secs_f64() * 1e6).round() / 1e3;
+        if self.json {
+            let ranks: Vec<Value> = o
+                .ranks
+                .iter()
+                .map(|r| json!({ "rank": r.rank, "state": state_word(r.state), "message": r.detail }))
+                .collect();
+            let error = (!o.passed)
+                .then(|| json!({ "kind": exit::kind(code), "message": o.detail, "ranks": ranks }));
+            println!(
+                "{}",
+                json!({
+                    "example": self.example, "ranks": self.ranks, "backend": self.backend,
+                    "passed": o.passed, "wall_ms": wall_ms, "tasks": o.tasks,
+                    "exit_code": code, "error": error,
+                })
+            );
+            if !o.passed {
+                pto_shm::eprint_line!("pto: {}: {}", self.example, o.detail);
+            }
+        } else {
+            let verdict = match code {
+                0 => "PASSED".to_string(),
+                exit::WRONG_RESULT => "FAILED (wrong result)".to_string(),
+                _ => format!("FAILED (runtime failure, exit {code})"),
+            };
+            println!(
+                "{} ({} tasks, {wall_ms:.2} ms): {}",
+                self.head(&verdict),
+                o.tasks,
+                o.detail
+            );
+            if !o.passed {
+                for r in o.ranks.iter().filter(|r| r.state != RankState::Passed) {
+                    println!("  rank {} {}: {}", r.rank, state_word(r.state), r.detail);
+                }
+            }
+            if let (Some(p), true) = (&self.trace, o.passed) {
+                println!("trace written to {}", p.display());
+            }
         }
-    } else {
-        let verdict = if passed { "PASSED" } else { "FAILED" };
-        println!(
-            "{} on {} rank(s) ({backend_name}): {verdict} ({tasks} tasks, {wall_ms:.2} ms): {detail}",
-            ex.name, ranks
-        );
-        if let Some(p) = &a.trace {
-            println!("trace written to {}", p.display());
+        exit::code(code)
+    }
+
+    /// Prints a run that ended in an error; the exit code comes from the error's kind.
+    fn error(&self, e: &anyhow::Error) -> ExitCode {
+        let code = exit::code_of(e);
+        let failure = e
+            .chain()
+            .find_map(|c| c.downcast_ref::<pto_examples::ExampleError>())
+            .and_then(|x| match x {
+                pto_examples::ExampleError::Worker(w) => w.failures(),
+                _ => None,
+            })
+            .or_else(|| {
+                e.chain()
+                    .find_map(|c| c.downcast_ref::<WorkerError>())
+                    .and_then(WorkerError::failures)
+            });
+        self.print_error(code, &format!("{e:#}"), failure);
+        exit::code(code)
+    }
+
+    fn print_error(&self, code: u8, message: &str, failure: Option<&RunFailure>) {
+        if self.json {
+            let (root, ranks) = match failure {
+                Some(f) => (
+                    child_json(&f.root, self.ranks, true),
+                    f.all()
+                        .enumerate()
+                        .map(|(i, c)| child_json(c, self.ranks, i == 0))
+                        .collect(),
+                ),
+                None => (Value::Null, Vec::new()),
+            };
+            println!(
+                "{}",
+                json!({
+                    "example": self.example, "ranks": self.ranks, "backend": self.backend,
+                    "passed": false, "wall_ms": Value::Null, "tasks": Value::Null,
+                    "exit_code": code,
+                    "error": {
+                        "kind": exit::kind(code), "message": message,
+                        "root_cause": root, "ranks": ranks,
+                    },
+                })
+            );
+            pto_shm::eprint_line!("pto: {message}");
+        } else {
+            let what = match code {
+                exit::USAGE => "usage error",
+                exit::ENVIRONMENT => "environment",
+                _ => "runtime failure",
+            };
+            match failure {
+                Some(f) => {
+                    let mut text = format!(
+                        "{}\n  root cause: {}",
+                        self.head(&format!("FAILED ({what}, exit {code})")),
+                        f.root
+                    );
+                    for o in &f.others {
+                        text.push_str(&format!("\n  then: {o}"));
+                    }
+                    if let Some(h) = &f.host {
+                        text.push_str(&format!("\n  host run: {h}"));
+                    }
+                    println!("{text}");
+                }
+                None => {
+                    if code == exit::USAGE {
+                        pto_shm::eprint_line!("pto: {message}");
+                    } else {
+                        println!(
+                            "{}: {message}",
+                            self.head(&format!("FAILED ({what}, exit {code})"))
+                        );
+                    }
+                }
+            }
         }
     }
-    if passed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+
+    /// A chip died between runs (the watcher's hook): report it; the caller exits 3.
+    fn child_death(&self, f: &ChildFailure) -> u8 {
+        let report = RunFailure::from_failures(vec![f.clone()]);
+        self.print_error(exit::RUNTIME, &f.to_string(), report.as_ref());
+        exit::RUNTIME
     }
 }
 
@@ -111,11 +319,8 @@ fn report(
 mod mpi {
     use super::*;
 
-    pub fn run(_: &Example, _: &RunArgs, _: &pto_examples::RunArgs) -> anyhow::Result<ExitCode> {
-        bail!(
-            "this pto was built without MPI: build it with \
-             `cargo build --release -p pto-cli --features mpi` (needs Open MPI, see the README)"
-        )
+    pub fn run(_: &Example, _: &RunArgs, _: &pto_examples::RunArgs) -> anyhow::Result<Flow> {
+        Err(crate::exit::no_mpi())
     }
 }
 
@@ -125,36 +330,48 @@ mod mpi {
 
     /// Under `mpirun`, this process is one rank: run its part, exchange the verdicts, and
     /// report on rank 0. Outside `mpirun`, start `mpirun -n <ranks>` on this same command.
-    pub fn run(
-        ex: &Example,
-        a: &RunArgs,
-        args: &pto_examples::RunArgs,
-    ) -> anyhow::Result<ExitCode> {
+    pub fn run(ex: &Example, a: &RunArgs, args: &pto_examples::RunArgs) -> anyhow::Result<Flow> {
         if !pto_comm::mpi::detected() {
-            return crate::command::mpi_launch::relaunch(a.ranks.unwrap_or(1));
+            ex.check_args(args, a.ranks.unwrap_or(1))
+                .map_err(|e| Usage(e.to_string()))?;
+            return crate::command::mpi_launch::relaunch(a.ranks.unwrap_or(1)).map(Flow::Exit);
         }
         let comm = pto_comm::mpi::init().context("starting MPI")?;
         if let Some(n) = a.ranks.filter(|&n| n != comm.size()) {
-            bail!(
+            return Err(Usage(format!(
                 "--ranks {n}, but mpirun started {} ranks (rank {})",
                 comm.size(),
                 comm.rank()
-            );
+            ))
+            .into());
         }
+        ex.check_args(args, comm.size())
+            .map_err(|e| Usage(e.to_string()))?;
         let result = pto_examples::dist::run_on(ex, &comm, args);
         if comm.rank() == 0 {
-            if let (Some(path), Ok(o)) = (&a.trace, &result) {
-                write_trace(path, o)?;
+            let o = result?;
+            if let Some(path) = &a.trace {
+                write_trace(path, &o)?;
             }
-            return Ok(report(ex, a, comm.size(), "mpi", &result));
+            return Ok(Flow::Report(o));
         }
-        Ok(match result {
+        // Rank 0 reports for everyone; the others say only how their own part went.
+        Ok(Flow::Exit(match result {
             Ok(o) if o.passed => ExitCode::SUCCESS,
-            Ok(_) => ExitCode::FAILURE,
-            Err(e) => {
-                eprintln!("pto: rank {}: {e}", comm.rank());
-                ExitCode::FAILURE
+            Ok(o)
+                if o.ranks.iter().any(|r| r.state == RankState::Mismatch)
+                    && !o
+                        .ranks
+                        .iter()
+                        .any(|r| matches!(r.state, RankState::Failed | RankState::Consequence)) =>
+            {
+                exit::code(exit::WRONG_RESULT)
             }
-        })
+            Ok(_) => exit::code(exit::RUNTIME),
+            Err(e) => {
+                pto_shm::eprint_line!("pto: rank {}: {e}", comm.rank());
+                exit::code(exit::of_fault(e.fault()))
+            }
+        }))
     }
 }

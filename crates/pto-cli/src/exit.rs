@@ -1,0 +1,91 @@
+//! Exit codes, and which one an error gets.
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | passed |
+//! | 1 | wrong result: a golden mismatch |
+//! | 2 | usage: bad arguments or `PTO_*` variables |
+//! | 3 | runtime failure: a failed task, a dead or stopped rank, a deadline |
+//! | 4 | environment or setup: no space in `/dev/shm`, MPI missing, a refused fork |
+//! | 128 + N | signal N ended it (SIGINT 130, SIGTERM 143, SIGHUP 129), after cleanup |
+
+use std::process::ExitCode;
+
+use pto::Fault;
+
+pub const WRONG_RESULT: u8 = 1;
+pub const USAGE: u8 = 2;
+pub const RUNTIME: u8 = 3;
+pub const ENVIRONMENT: u8 = 4;
+
+/// A failure of the caller's making, said in words (exit 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
+/// A failure of the machine's making (exit 4).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Environment(pub String);
+
+/// What a build without the `mpi` feature says to `--backend mpi`.
+#[cfg_attr(feature = "mpi", allow(dead_code))]
+pub fn no_mpi() -> anyhow::Error {
+    Environment(
+        "this pto was built without MPI: build it with `cargo build --release -p pto-cli \
+         --features mpi` (needs Open MPI, see the README)"
+            .into(),
+    )
+    .into()
+}
+
+pub fn of_fault(f: Fault) -> u8 {
+    match f {
+        Fault::Usage => USAGE,
+        Fault::Runtime => RUNTIME,
+        Fault::Environment => ENVIRONMENT,
+    }
+}
+
+/// The exit code of an error, from the first typed error in its chain.
+pub fn code_of(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if cause.is::<Usage>() || cause.is::<pto::config::ConfigError>() {
+            return USAGE;
+        }
+        if cause.is::<Environment>() || cause.is::<std::io::Error>() {
+            return ENVIRONMENT;
+        }
+        if let Some(x) = cause.downcast_ref::<pto_examples::ExampleError>() {
+            return of_fault(x.fault());
+        }
+        if let Some(x) = cause.downcast_ref::<pto_comm::CommError>() {
+            return of_fault(x.fault());
+        }
+        if let Some(x) = cause.downcast_ref::<pto_worker::WorkerError>() {
+            return of_fault(x.fault());
+        }
+        if let Some(x) = cause.downcast_ref::<pto_shm::ShmError>() {
+            return of_fault(x.fault());
+        }
+        if let Some(x) = cause.downcast_ref::<pto::RunError>() {
+            return of_fault(x.fault());
+        }
+    }
+    RUNTIME
+}
+
+pub fn code(c: u8) -> ExitCode {
+    ExitCode::from(c)
+}
+
+/// The word `--json` reports for an exit code.
+pub fn kind(code: u8) -> &'static str {
+    match code {
+        0 => "passed",
+        WRONG_RESULT => "wrong_result",
+        USAGE => "usage",
+        ENVIRONMENT => "environment",
+        _ => "runtime",
+    }
+}
