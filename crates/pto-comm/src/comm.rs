@@ -186,17 +186,21 @@ impl Comm {
             .check(self.world_rank(), &self.inner.members)
     }
 
-    /// Whether a failure on this rank was caused by others: another rank aborted, died,
-    /// failed or left (what [`Comm::check`] finds, except an abort this rank raised), or the
-    /// failure is a wait that ran out (`message` says "timed out"). A report leads with the
-    /// failures that are not consequences.
-    pub fn is_consequence(&self, message: &str) -> bool {
-        let peer = match self.check() {
-            Err(CommError::Aborted { rank, .. }) => rank != self.world_rank(),
-            Err(_) => true,
-            Ok(()) => false,
-        };
-        peer || message.contains("timed out after")
+    /// Whose failure a failure on this rank (with `message`) is: another rank's when
+    /// [`Comm::check`] finds one aborted (not by this rank), dead, failed or gone; nobody's in
+    /// particular when the message is a wait that ran out; else this rank's own. A report
+    /// leads with the failures that are not consequences.
+    pub fn cause_of(&self, message: &str) -> crate::Cause {
+        match self.check() {
+            Err(CommError::Aborted { rank, .. }) if rank == self.world_rank() => {}
+            Err(_) => return crate::Cause::Peer,
+            Ok(()) => {}
+        }
+        if message.contains("timed out after") {
+            crate::Cause::Timeout
+        } else {
+            crate::Cause::Own
+        }
     }
 
     /// Raises an abort: every rank's blocked and future operations fail with

@@ -185,15 +185,27 @@ impl CommError {
         }
     }
 
-    /// True when this rank failed only because another one did (it died, failed, aborted) or
-    /// because a wait on others ran out: a consequence, not a root cause.
-    pub fn is_consequence(&self) -> bool {
-        matches!(
-            self,
-            CommError::PeerDied { .. }
-                | CommError::PeerGone { .. }
-                | CommError::Aborted { .. }
-                | CommError::Timeout { .. }
-        )
+    /// Whose failure this is: this rank's own, another rank's (it died, failed, left or
+    /// aborted), or nobody's in particular (a wait on others ran out).
+    pub fn cause(&self) -> Cause {
+        match self {
+            CommError::PeerDied { .. } | CommError::PeerGone { .. } | CommError::Aborted { .. } => {
+                Cause::Peer
+            }
+            CommError::Timeout { .. } => Cause::Timeout,
+            _ => Cause::Own,
+        }
     }
+}
+
+/// Whose failure a rank's error is, for a report that leads with the root cause.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// The rank failed on its own (a kernel's error, a bad argument): a root cause.
+    Own,
+    /// Another rank died, failed, left or aborted first: a consequence.
+    Peer,
+    /// A wait on other ranks ran out: a consequence of whoever did not arrive, and the root
+    /// cause only when nobody else failed.
+    Timeout,
 }

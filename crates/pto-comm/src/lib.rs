@@ -60,7 +60,7 @@ pub use collective::{
 };
 pub use comm::Comm;
 pub use context::CommContext;
-pub use error::CommError;
+pub use error::{Cause, CommError};
 pub use queue::SharedQueue;
 pub use window::{
     BufferRef, BufferSpec, RemoteRef, SignalCondition, SignalOp, Window, WindowSpec, MAX_WINDOW,

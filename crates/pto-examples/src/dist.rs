@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use pto_comm::{Backend, Comm};
+use pto_comm::{Backend, Cause, Comm};
 use serde_json::Value;
 
 use crate::{Example, ExampleError, Outcome, RankState, RankStatus, RunArgs};
@@ -26,9 +26,8 @@ pub struct RankOutcome {
 /// A rank body: runs on every rank.
 pub type RankFn = fn(&Comm, &RunArgs) -> Result<RankOutcome, ExampleError>;
 
-/// What a rank's body returned: its verdict, or its error and whether the error was caused by
-/// another rank.
-type RankResult = Result<RankOutcome, (bool, String)>;
+/// What a rank's body returned: its verdict, or its error and whose failure it is.
+type RankResult = Result<RankOutcome, (Cause, String)>;
 
 /// Every rank's verdict in one outcome. The detail leads with the root cause: the first rank
 /// that failed on its own (else the first that failed at all), then the first mismatch.
@@ -48,8 +47,9 @@ fn gather(ex: &Example, n: usize, outcomes: Vec<RankResult>, wall: Duration) -> 
                 };
                 (state, o.detail)
             }
-            Err((true, e)) => (RankState::Consequence, e),
-            Err((false, e)) => (RankState::Failed, e),
+            Err((Cause::Own, e)) => (RankState::Failed, e),
+            Err((Cause::Peer, e)) => (RankState::Consequence, e),
+            Err((Cause::Timeout, e)) => (RankState::TimedOut, e),
         };
         ranks.push(RankStatus {
             rank: r,
@@ -59,6 +59,7 @@ fn gather(ex: &Example, n: usize, outcomes: Vec<RankResult>, wall: Duration) -> 
     }
     let lead = [
         RankState::Failed,
+        RankState::TimedOut,
         RankState::Consequence,
         RankState::Mismatch,
     ]
@@ -80,14 +81,14 @@ fn gather(ex: &Example, n: usize, outcomes: Vec<RankResult>, wall: Duration) -> 
     }
 }
 
-/// A rank body's error, with whether another rank caused it (judged by the communicator).
-fn rank_error(comm: &Comm, e: &ExampleError) -> (bool, String) {
+/// A rank body's error, with whose failure it is (judged by the communicator).
+fn rank_error(comm: &Comm, e: &ExampleError) -> (Cause, String) {
     let text = e.to_string();
-    let consequence = match e {
-        ExampleError::Comm(c) => c.is_consequence() || comm.is_consequence(&text),
-        _ => comm.is_consequence(&text),
+    let cause = match e {
+        ExampleError::Comm(c) if c.cause() != Cause::Own => c.cause(),
+        _ => comm.cause_of(&text),
     };
-    (consequence, text)
+    (cause, text)
 }
 
 /// Runs a rank example on `n` threads.
@@ -107,7 +108,7 @@ pub fn run_local(
     })?;
     let outcomes = results
         .into_iter()
-        .map(|r| r.map_err(|panic| (false, panic)).and_then(|x| x))
+        .map(|r| r.map_err(|panic| (Cause::Own, panic)).and_then(|x| x))
         .collect();
     Ok(gather(ex, n, outcomes, t.elapsed()))
 }
@@ -173,13 +174,18 @@ pub fn run_on(ex: &Example, comm: &Comm, args: &RunArgs) -> Result<Outcome, Exam
     let mine = body(comm, args);
     let wall = t.elapsed();
     // One fixed-size record per rank: state (0 mismatch, 1 passed, 2 failed, 3 failed because
-    // of another rank), tasks, detail length, detail.
+    // of another rank, 4 a wait ran out), tasks, detail length, detail.
     let mut rec = vec![0u8; VERDICT];
     let (state, tasks, detail) = match &mine {
         Ok(o) => (u8::from(o.passed), o.tasks, o.detail.clone()),
         Err(e) => {
-            let (consequence, text) = rank_error(comm, e);
-            (if consequence { 3 } else { 2 }, 0, text)
+            let (cause, text) = rank_error(comm, e);
+            let state = match cause {
+                Cause::Own => 2,
+                Cause::Peer => 3,
+                Cause::Timeout => 4,
+            };
+            (state, 0, text)
         }
     };
     let text = detail.as_bytes();
@@ -199,8 +205,9 @@ pub fn run_on(ex: &Example, comm: &Comm, args: &RunArgs) -> Result<Outcome, Exam
             let mut tasks = [0u8; 8];
             tasks.copy_from_slice(&r[1..9]);
             match r[0] {
-                2 => Err((false, detail)),
-                3 => Err((true, detail)),
+                2 => Err((Cause::Own, detail)),
+                3 => Err((Cause::Peer, detail)),
+                4 => Err((Cause::Timeout, detail)),
                 s => Ok(RankOutcome {
                     passed: s == 1,
                     detail,

@@ -135,8 +135,10 @@ pub enum RankState {
     Mismatch,
     /// It failed on its own (a kernel's error, a bad argument).
     Failed,
-    /// It failed because another rank did, or a wait on the others ran out.
+    /// It failed because another rank died, failed or aborted first.
     Consequence,
+    /// It failed because a wait on the others ran out.
+    TimedOut,
 }
 
 /// One rank's verdict.

@@ -5,7 +5,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use pto_comm::shm::ShmWorld;
-use pto_comm::{CommContext, Window};
+use pto_comm::{Cause, CommContext, Window};
 use pto_core::{Chip, Program, RunOptions, Scalar, Tensor};
 
 use crate::frame::{Frame, FrameKind, Outcome, TensorDesc};
@@ -123,11 +123,17 @@ fn serve(
                     // A failure caused by another chip (it died or aborted, or a wait on the
                     // others ran out) is reported as a consequence, not as a root cause.
                     let text = e.to_string();
-                    let consequence = match &cs.ctx {
-                        Some(c) => c.comm().is_consequence(&text),
-                        None => text.contains("timed out after"),
+                    let cause = match &cs.ctx {
+                        Some(c) => c.comm().cause_of(&text),
+                        None if text.contains("timed out after") => Cause::Timeout,
+                        None => Cause::Own,
                     };
-                    (if consequence { 3 } else { 1 }, text)
+                    let status = match cause {
+                        Cause::Own => 1,
+                        Cause::Peer => 3,
+                        Cause::Timeout => 4,
+                    };
+                    (status, text)
                 })
                 .and_then(|r| cs.store_back().map(|()| r).map_err(|e| (1, e)))
             {
@@ -174,16 +180,16 @@ fn serde_like(events: &[serde_json::Value]) -> String {
     serde_json::Value::Array(events.to_vec()).to_string()
 }
 
-/// Why a bring-up failed: the message, and whether another chip's failure caused it.
+/// Why a bring-up failed: the message, and whose failure it is.
 struct BootFail {
-    consequence: bool,
+    cause: Cause,
     message: String,
 }
 
 impl From<String> for BootFail {
     fn from(message: String) -> BootFail {
         BootFail {
-            consequence: false,
+            cause: Cause::Own,
             message,
         }
     }
@@ -192,7 +198,7 @@ impl From<String> for BootFail {
 impl From<pto_comm::CommError> for BootFail {
     fn from(e: pto_comm::CommError) -> BootFail {
         BootFail {
-            consequence: e.is_consequence(),
+            cause: e.cause(),
             message: e.to_string(),
         }
     }
@@ -305,7 +311,11 @@ pub(crate) fn child_main(
                 Some(s)
             }
             Err(e) => {
-                let mark = if e.consequence { "consequence: " } else { "" };
+                let mark = match e.cause {
+                    Cause::Own => "",
+                    Cause::Peer => "consequence: ",
+                    Cause::Timeout => "timeout: ",
+                };
                 mailbox.boot_error(1, &format!("{mark}{}", e.message));
                 pto_shm::process::exit_now(3);
             }

@@ -54,9 +54,11 @@ impl fmt::Display for ChildExit {
 pub enum FailKind {
     /// Its task (or bring-up) failed on its own: a kernel's error, a bad argument.
     Task,
-    /// Its task failed because of another child (a peer died or aborted) or a wait on others
-    /// ran out: a consequence, not a root cause.
+    /// Its task failed because another child died, failed or aborted first: a consequence.
     Consequence,
+    /// Its task failed because a wait on other children ran out: a consequence of whoever did
+    /// not arrive, and the root cause only when no child failed otherwise.
+    TimedOut,
     /// The process ended.
     Died(ChildExit),
     /// The process is stopped (`SIGSTOP`, `SIGTSTP`, a debugger) and did not answer in time.
@@ -66,8 +68,13 @@ pub enum FailKind {
 }
 
 impl FailKind {
-    fn is_root(&self) -> bool {
-        !matches!(self, FailKind::Consequence)
+    /// 0 for a root cause, 1 for a wait that ran out, 2 for a consequence of a named peer.
+    fn rank(&self) -> u8 {
+        match self {
+            FailKind::TimedOut => 1,
+            FailKind::Consequence => 2,
+            _ => 0,
+        }
     }
 }
 
@@ -95,7 +102,7 @@ impl fmt::Display for ChildFailure {
             FailKind::Died(exit) => write!(f, " {exit}")?,
             FailKind::Stopped => write!(f, " is stopped and stopped answering")?,
             FailKind::NoAnswer => write!(f, " stopped answering")?,
-            FailKind::Task | FailKind::Consequence => {}
+            FailKind::Task | FailKind::Consequence | FailKind::TimedOut => {}
         }
         if !self.message.is_empty() {
             write!(f, ": {}", self.message)?;
@@ -121,7 +128,7 @@ impl RunFailure {
     /// Orders `failures` (any order) into a report; `None` when there are none. A child that
     /// failed more than once is listed once, with its first root-cause failure if it had one.
     pub fn from_failures(mut failures: Vec<ChildFailure>) -> Option<RunFailure> {
-        failures.sort_by_key(|f| (!f.kind.is_root(), f.at));
+        failures.sort_by_key(|f| (f.kind.rank(), f.at));
         let mut seen = Vec::new();
         failures.retain(|f| {
             let first = !seen.contains(&f.child);
@@ -188,13 +195,20 @@ mod tests {
         .unwrap();
         assert_eq!(r.root.child, 2);
         assert_eq!(r.others.iter().map(|o| o.child).collect::<Vec<_>>(), [0, 1]);
-        // Only consequences: the first in time leads.
+        // Only consequences: the first in time leads, a wait that ran out before a failure
+        // that names a peer (the peer only noticed the one that gave up).
         let r = RunFailure::from_failures(vec![
             f(1, FailKind::Consequence, 20, t0),
             f(0, FailKind::Consequence, 10, t0),
         ])
         .unwrap();
         assert_eq!(r.root.child, 0);
+        let r = RunFailure::from_failures(vec![
+            f(1, FailKind::Consequence, 20, t0),
+            f(2, FailKind::TimedOut, 30, t0),
+        ])
+        .unwrap();
+        assert_eq!(r.root.child, 2);
         // A child listed twice (its task failed, then it died) appears once.
         let r = RunFailure::from_failures(vec![
             f(3, FailKind::Died(ChildExit::Signal(9)), 5, t0),

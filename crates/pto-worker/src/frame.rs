@@ -58,7 +58,7 @@ pub struct Frame {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
     /// 0 success, 1 the task failed, 2 the frame was invalid, 3 the task failed because of
-    /// another child (a peer died or aborted, or a wait on the others ran out).
+    /// another child (a peer died, failed or aborted), 4 a wait on the others ran out.
     pub status: u32,
     /// Tasks the chip ran.
     pub tasks: u64,
@@ -334,7 +334,7 @@ impl Outcome {
     pub fn decode(b: &[u8]) -> Result<Outcome, FrameError> {
         let mut r = R { b, at: 0 };
         let status = r.u32()?;
-        if status > 3 {
+        if status > 4 {
             return Err(r.err(format!("unknown status {status}")));
         }
         let tasks = r.u64()?;

@@ -602,9 +602,12 @@ fn bring_up(children: &[ChildHandle], timeout: Duration) -> Result<Vec<BootFacts
                 Ok(Some(f)) => facts[i] = Some(f),
                 Err(message) => {
                     // A chip whose bring-up failed because of another says so first.
-                    let (kind, message) = match message.strip_prefix("consequence: ") {
-                        Some(m) => (FailKind::Consequence, m.to_string()),
-                        None => (FailKind::Task, message),
+                    let (kind, message) = if let Some(m) = message.strip_prefix("consequence: ") {
+                        (FailKind::Consequence, m.to_string())
+                    } else if let Some(m) = message.strip_prefix("timeout: ") {
+                        (FailKind::TimedOut, m.to_string())
+                    } else {
+                        (FailKind::Task, message)
                     };
                     failures.push(c.failure(i, kind, message));
                 }
@@ -642,8 +645,14 @@ fn bring_up(children: &[ChildHandle], timeout: Duration) -> Result<Vec<BootFacts
         }
         std::thread::sleep(Duration::from_micros(200));
     }
-    let report = RunFailure::from_failures(failures)
+    let mut report = RunFailure::from_failures(failures)
         .ok_or_else(|| WorkerError::Timeout("bring-up failed".into()))?;
+    if report.root.kind == FailKind::TimedOut {
+        report.root.message.push_str(&format!(
+            " (bring-up of {} children did not finish in time: raise PTO_WAIT_TIMEOUT_MS, or run fewer chips)",
+            children.len()
+        ));
+    }
     Err(WorkerError::Boot {
         who: report.root.who.clone(),
         message: report.to_string(),
@@ -672,12 +681,12 @@ struct HostState {
 }
 
 /// What a child's result status means: 0 success, 1 its task failed, 2 the frame or the child
-/// was bad, 3 its task failed because of another child.
+/// was bad, 3 its task failed because of another child, 4 a wait on the others ran out.
 fn kind_of(status: u32) -> FailKind {
-    if status == 3 {
-        FailKind::Consequence
-    } else {
-        FailKind::Task
+    match status {
+        3 => FailKind::Consequence,
+        4 => FailKind::TimedOut,
+        _ => FailKind::Task,
     }
 }
 

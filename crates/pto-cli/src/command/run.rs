@@ -136,6 +136,7 @@ fn state_word(s: RankState) -> &'static str {
         RankState::Mismatch => "mismatch",
         RankState::Failed => "failed",
         RankState::Consequence => "consequence",
+        RankState::TimedOut => "timed_out",
     }
 }
 
@@ -148,6 +149,7 @@ fn child_json(f: &ChildFailure, chips: usize, root: bool) -> Value {
     let (state, exit) = match &f.kind {
         FailKind::Task => ("failed", Value::Null),
         FailKind::Consequence => ("consequence", Value::Null),
+        FailKind::TimedOut => ("timed_out", Value::Null),
         FailKind::Stopped => ("stopped", Value::Null),
         FailKind::NoAnswer => ("no_answer", Value::Null),
         FailKind::Died(ChildExit::Code(c)) => ("died", json!({ "code": c })),
@@ -173,10 +175,12 @@ impl Reporter {
 
     /// Prints a finished run's verdict: 0 on a match, 1 on a mismatch, 3 when a rank failed.
     fn outcome(&self, o: &Outcome) -> ExitCode {
-        let failed = o
-            .ranks
-            .iter()
-            .any(|r| matches!(r.state, RankState::Failed | RankState::Consequence));
+        let failed = o.ranks.iter().any(|r| {
+            matches!(
+                r.state,
+                RankState::Failed | RankState::Consequence | RankState::TimedOut
+            )
+        });
         let code = if o.passed {
             0
         } else if failed {
@@ -360,10 +364,12 @@ mod mpi {
             Ok(o) if o.passed => ExitCode::SUCCESS,
             Ok(o)
                 if o.ranks.iter().any(|r| r.state == RankState::Mismatch)
-                    && !o
-                        .ranks
-                        .iter()
-                        .any(|r| matches!(r.state, RankState::Failed | RankState::Consequence)) =>
+                    && !o.ranks.iter().any(|r| {
+                        matches!(
+                            r.state,
+                            RankState::Failed | RankState::Consequence | RankState::TimedOut
+                        )
+                    }) =>
             {
                 exit::code(exit::WRONG_RESULT)
             }
