@@ -222,6 +222,9 @@ pub fn run_on(ex: &Example, comm: &Comm, args: &RunArgs) -> Result<Outcome, Exam
         let events = mine.map(|o| o.events).unwrap_or_default();
         out.events = gather_events(&co, comm.size(), events)?;
     }
+    // No rank leaves (and so looks gone to the others) while a peer may still be reading its
+    // part of the last exchange.
+    comm.barrier()?;
     Ok(out)
 }
 
