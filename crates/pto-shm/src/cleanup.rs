@@ -31,6 +31,14 @@ static CHILDREN: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// The process that installed the handlers (it alone prints a line when a signal ends it).
 static INSTALLER: AtomicU32 = AtomicU32::new(0);
+/// Set once a signal or [`terminate`] started ending the process.
+static TERMINATING: AtomicBool = AtomicBool::new(false);
+
+/// True once this process is being ended by a signal or [`terminate`]: a supervisor thread
+/// seeing its children die should not report that as a failure of theirs.
+pub fn terminating() -> bool {
+    TERMINATING.load(Ordering::Acquire)
+}
 
 fn me() -> u32 {
     // SAFETY: getpid is always safe (and async-signal-safe).
@@ -109,6 +117,7 @@ pub fn install() {
 }
 
 extern "C" fn on_signal(sig: libc::c_int) {
+    TERMINATING.store(true, Ordering::Release);
     cleanup();
     if INSTALLER.load(Ordering::Acquire) == me() {
         let name: &[u8] = match sig {
@@ -128,6 +137,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 /// Runs the cleanup (kill registered children, remove their and this process's segments), then
 /// exits with `code` at once, running no destructors.
 pub fn terminate(code: i32) -> ! {
+    TERMINATING.store(true, Ordering::Release);
     cleanup();
     // SAFETY: _exit does not return.
     unsafe { libc::_exit(code) }

@@ -581,7 +581,7 @@ impl WorkerBuilder {
 
 /// Extra time the host gives a child past the wait deadline, so that a child's own deadline
 /// error (which says what it waited for) arrives before the host gives up on it.
-const GRACE: Duration = Duration::from_millis(500);
+const GRACE: Duration = Duration::from_millis(300);
 
 /// Waits for every child's bootstrap record. On a failure, keeps collecting for a moment so
 /// that the report can tell the root cause from its consequences.
@@ -627,8 +627,26 @@ fn bring_up(children: &[ChildHandle], timeout: Duration) -> Result<Vec<BootFacts
             }
         } else if pending == 0 {
             return Ok(facts.into_iter().map(Option::unwrap_or_default).collect());
-        } else if Instant::now() >= deadline {
+        } else if Instant::now() >= deadline + GRACE {
+            // The chips' own deadlines (which say what they waited for) had their chance.
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // Children that said nothing: a stopped one is a root cause.
+    let waited = deadline.saturating_duration_since(Instant::now()) + timeout;
+    for (i, c) in children.iter().enumerate() {
+        if facts[i].is_none()
+            && !failures.iter().any(|f| f.child == i)
+            && (pto_shm::process::is_stopped(c.pid.pid) || c.exit().is_some())
+        {
+            failures.push(c.silence(i, waited.min(timeout + GRACE), "bring-up"));
+        }
+    }
+    if failures.is_empty() {
+        {
             let up = facts.iter().filter(|f| f.is_some()).count();
+            let pending = children.len() - up;
             let waiting: Vec<&str> = children
                 .iter()
                 .enumerate()
@@ -643,7 +661,6 @@ fn bring_up(children: &[ChildHandle], timeout: Duration) -> Result<Vec<BootFacts
                 if pending > waiting.len() { ", ..." } else { "" }
             )));
         }
-        std::thread::sleep(Duration::from_micros(200));
     }
     let mut report = RunFailure::from_failures(failures)
         .ok_or_else(|| WorkerError::Timeout("bring-up failed".into()))?;
@@ -769,7 +786,7 @@ impl HostState {
                     self.note_failure(f);
                     Err(m)
                 } else if past {
-                    let f = ch.silence(ci, start.elapsed(), task);
+                    let f = ch.silence(ci, start.elapsed(), &format!("host task {task}"));
                     let m = f.to_string();
                     // It cannot be trusted with another frame: stop it (a stopped process
                     // takes SIGKILL too).

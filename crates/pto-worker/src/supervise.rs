@@ -80,19 +80,21 @@ impl ChildHandle {
         }
     }
 
-    /// Why this child did not answer by its deadline: stopped, or running but silent.
-    pub(crate) fn silence(&self, child: usize, waited: Duration, task: u64) -> ChildFailure {
+    /// Why this child did not answer `what` by its deadline: stopped, or running but silent.
+    pub(crate) fn silence(&self, child: usize, waited: Duration, what: &str) -> ChildFailure {
         match self.exit() {
             Some(e) => self.failure(child, FailKind::Died(e), String::new()),
             None if pto_shm::process::is_stopped(self.pid.pid) => self.failure(
                 child,
                 FailKind::Stopped,
-                format!("host task {task} got no answer within {waited:.1?}"),
+                format!("{what} got no answer within {waited:.1?}"),
             ),
             None => self.failure(
                 child,
                 FailKind::NoAnswer,
-                format!("host task {task} got no answer within {waited:.1?} (a kernel that never returns?)"),
+                format!(
+                    "{what} got no answer within {waited:.1?} (busy in code that never returns?)"
+                ),
             ),
         }
     }
@@ -105,6 +107,10 @@ pub(crate) fn reap_all(children: &[ChildHandle], grace: Duration) {
     }
     let deadline = Instant::now() + grace;
     for c in children {
+        // A stopped child cannot leave on its own: no grace for it.
+        if c.running() && pto_shm::process::is_stopped(c.pid.pid) {
+            c.kill();
+        }
         while c.running() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -149,7 +155,8 @@ pub(crate) fn spawn_watcher(state: Arc<HostState>) -> std::io::Result<std::threa
                     }
                     let Some(exit) = c.exit() else { continue };
                     noticed[i] = true;
-                    if state.closing.load(Ordering::Acquire) {
+                    // Closing, or a signal is ending this process (it killed the child).
+                    if state.closing.load(Ordering::Acquire) || pto_shm::cleanup::terminating() {
                         break;
                     }
                     let f = c.failure(i, FailKind::Died(exit), String::new());

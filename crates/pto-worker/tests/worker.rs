@@ -507,6 +507,102 @@ fn children_die_with_their_parent() -> Result<(), Failed> {
     Ok(())
 }
 
+fn a_chip_that_dies_between_runs_is_noticed_by_the_watcher() -> Result<(), Failed> {
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let w = builder(2)
+        .on_child_exit(move |f| {
+            s2.lock()
+                .push((f.who.clone(), f.kind.clone(), Instant::now()))
+        })
+        .init()?;
+    let pid = w.child_pid(1).ok_or("no chip 1")?;
+    let killed = Instant::now();
+    pto_shm::process::kill(pid);
+    // Nobody asks chip 1 anything: the watcher alone notices, within a fraction of a second.
+    while seen.lock().is_empty() && killed.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let got = seen.lock().clone();
+    let (who, kind, at) = got.first().ok_or("the hook was not called within 2 s")?;
+    assert_eq!(who, "chip 1");
+    assert_eq!(
+        *kind,
+        pto_worker::FailKind::Died(pto_worker::ChildExit::Signal(9))
+    );
+    assert!(at.duration_since(killed) < Duration::from_millis(500));
+    let err = w.check().unwrap_err();
+    assert!(
+        err.to_string().contains("chip 1") && err.to_string().contains("SIGKILL"),
+        "{err}"
+    );
+    let t = Instant::now();
+    let again = w.run(|_| Ok(())).unwrap_err();
+    assert!(matches!(again, WorkerError::Broken(_)), "{again}");
+    assert!(t.elapsed() < Duration::from_millis(100));
+    w.close();
+    no_residue()
+}
+
+fn sigterm_to_a_worker_process_ends_its_children_and_removes_its_segments() -> Result<(), Failed> {
+    let exe = std::env::current_exe()?;
+    let mut parent = std::process::Command::new(exe)
+        .env("PTO_WORKER_TEST_ROLE", "parent")
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut out = String::new();
+    {
+        use std::io::BufRead;
+        let stdout = parent.stdout.take().unwrap();
+        let mut r = std::io::BufReader::new(stdout);
+        r.read_line(&mut out)?;
+    }
+    let mut pids: Vec<u32> = out
+        .trim()
+        .strip_prefix("PIDS ")
+        .ok_or("the parent printed no pids")?
+        .split(' ')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let t = Instant::now();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(parent.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )?;
+    let status = loop {
+        if let Some(st) = parent.try_wait()? {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(5) {
+            parent.kill()?;
+            return Err("the Worker process did not end within 5 s of SIGTERM".into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(status.code(), Some(143), "{status:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
+    let alive = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .map(|s| !s.rsplit(')').next().unwrap_or("").trim().starts_with('Z'))
+            .unwrap_or(false)
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(left.is_empty(), "children still alive: {left:?}");
+    pids.push(parent.id());
+    let segs: Vec<String> = std::fs::read_dir("/dev/shm")?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| pids.iter().any(|p| n.starts_with(&format!("pto.{p}."))))
+        .collect();
+    assert!(segs.is_empty(), "segments left: {segs:?}");
+    Ok(())
+}
+
 fn main() {
     if std::env::var("PTO_WORKER_TEST_ROLE").as_deref() == Ok("parent") {
         parent_role();
@@ -551,6 +647,14 @@ fn main() {
         Trial::test(
             "host_staging_loads_and_stores_window_buffers",
             host_staging_loads_and_stores_window_buffers,
+        ),
+        Trial::test(
+            "a_chip_that_dies_between_runs_is_noticed_by_the_watcher",
+            a_chip_that_dies_between_runs_is_noticed_by_the_watcher,
+        ),
+        Trial::test(
+            "sigterm_to_a_worker_process_ends_its_children_and_removes_its_segments",
+            sigterm_to_a_worker_process_ends_its_children_and_removes_its_segments,
         ),
     ];
     libtest_mimic::run(&args, tests).exit();

@@ -1,0 +1,611 @@
+//! The `pto` command under bad input and faults, the way users meet them: every bad argument
+//! and `PTO_*` value is a usage error (exit 2) that names it; `--json` prints one object whatever
+//! happens; a stopped or killed chip is named as the root cause (exit 3) in time; SIGINT,
+//! SIGTERM and SIGHUP end every child and remove every segment (exit 130/143/129); a chip that
+//! dies while the host prepares inputs ends the run at once; a FIFO named like a segment is
+//! skipped; what a SIGKILLed run left is swept by the next run; no argument vector panics.
+//!
+//! Tests that put files in /dev/shm run in a private /dev/shm (a tmpfs in a private mount
+//! namespace) when the test runs as root, so they cannot disturb other runs.
+
+// Test helpers unwrap: a failure there is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use serde_json::Value;
+
+const PTO: &str = env!("CARGO_BIN_EXE_pto");
+
+struct Out {
+    code: Option<i32>,
+    out: String,
+    err: String,
+    took: Duration,
+}
+
+/// Runs a command to its end (killed after 60 s: a hang is a failure, not a stuck test).
+fn finish(mut child: Child, started: Instant) -> Out {
+    let (mut o, mut e) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let to = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = o.read_to_string(&mut s);
+        s
+    });
+    let te = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = e.read_to_string(&mut s);
+        s
+    });
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("pto hung for 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let took = started.elapsed();
+    Out {
+        code: status.code(),
+        out: to.join().unwrap(),
+        err: te.join().unwrap(),
+        took,
+    }
+}
+
+fn spawn(args: &[&str], env: &[(&str, &str)]) -> Child {
+    let mut c = Command::new(PTO);
+    c.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.spawn().unwrap()
+}
+
+fn pto(args: &[&str], env: &[(&str, &str)]) -> Out {
+    let t = Instant::now();
+    finish(spawn(args, env), t)
+}
+
+fn json(o: &Out) -> Value {
+    let lines: Vec<&str> = o.out.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one JSON object expected:\n{}\n{}",
+        o.out,
+        o.err
+    );
+    serde_json::from_str(lines[0]).unwrap()
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    let out = Command::new("pgrep")
+        .args(["-P", &pid.to_string()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next().map(|r| r.trim().to_string()))
+        .is_some_and(|r| !r.starts_with('Z'))
+}
+
+fn segments_of(pids: &[u32]) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| pids.iter().any(|p| n.starts_with(&format!("pto.{p}."))))
+        .collect()
+}
+
+fn signal(pid: u32, sig: rustix::process::Signal) {
+    rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig)
+        .unwrap();
+}
+
+/// Waits until `pid` has `n` children (a Worker forked its chips), at most 10 s.
+fn wait_children(pid: u32, n: usize) -> Vec<u32> {
+    let t = Instant::now();
+    loop {
+        let c = children_of(pid);
+        if c.len() >= n {
+            return c;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no {n} children of {pid}: {c:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn bad_arguments_and_variables_are_usage_errors_that_name_them() {
+    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+        (&["run", "allgather", "--ranks", "0"], &[], "--ranks"),
+        (&["run", "allgather", "--ranks", "100000"], &[], "--ranks"),
+        (&["run", "allgather", "--ranks", "-3"], &[], "-3"),
+        (&["run", "allgather", "--size", "0"], &[], "--size"),
+        (
+            &["run", "allgather", "--size", "99999999999999999999999"],
+            &[],
+            "--size",
+        ),
+        (
+            &["run", "allgather", "--size", "1000000000000"],
+            &[],
+            "--size",
+        ),
+        (&["run", "ffn_tp_parallel", "--aic", "0"], &[], "AIC"),
+        (
+            &["run", "allgather", "--aic", "0", "--aiv", "0"],
+            &[],
+            "AIV",
+        ),
+        (&["run", "allgather", "--aiv", "5000"], &[], "--aiv"),
+        (
+            &["run", "allgather", "--backend", "pigeon"],
+            &[],
+            "--backend",
+        ),
+        (&["run", "no_such_example"], &[], "no example named"),
+        (
+            &["run", "allgather"],
+            &[("PTO_WAIT_TIMEOUT_MS", "abc")],
+            "PTO_WAIT_TIMEOUT_MS",
+        ),
+        (
+            &["run", "allgather"],
+            &[("PTO_WAIT_TIMEOUT_MS", "0")],
+            "PTO_WAIT_TIMEOUT_MS",
+        ),
+        (
+            &["run", "allgather"],
+            &[("PTO_SPIN_US", "99999999999")],
+            "PTO_SPIN_US",
+        ),
+        (
+            &["run", "allgather"],
+            &[("PTO_THREADS", "-1")],
+            "PTO_THREADS",
+        ),
+        (
+            &["run", "allgather"],
+            &[("PTO_RING_HEAP_BYTES", "12")],
+            "PTO_RING_HEAP_BYTES",
+        ),
+        (
+            &["run", "allgather"],
+            &[("PTO_MPI_WINDOWS", "fast")],
+            "PTO_MPI_WINDOWS",
+        ),
+        (&["run", "allgather"], &[("PTO_LOG", "pto=loud")], "PTO_LOG"),
+        (&["bench", "dag", "--reps", "0"], &[], "--reps"),
+        (&["bench", "dag", "--tasks", "0"], &[], "--tasks"),
+        (
+            &["env"],
+            &[("PTO_STALL_TIMEOUT_MS", "soon")],
+            "PTO_STALL_TIMEOUT_MS",
+        ),
+        (&["frobnicate"], &[], "frobnicate"),
+    ];
+    for (args, env, names) in cases {
+        let o = pto(args, env);
+        assert_eq!(o.code, Some(2), "{args:?} {env:?}: {}\n{}", o.out, o.err);
+        assert!(
+            o.err.contains(names),
+            "{args:?} {env:?} does not name {names}: {}",
+            o.err
+        );
+        assert!(!o.err.contains("panicked"), "{}", o.err);
+    }
+    // With --json, one object on stdout whatever the error.
+    for (args, env) in [
+        (vec!["run", "allgather", "--ranks", "0", "--json"], vec![]),
+        (
+            vec!["run", "allgather", "--json"],
+            vec![("PTO_SPIN_US", "x")],
+        ),
+        (vec!["run", "nope", "--json"], vec![]),
+        (
+            vec!["run", "allgather", "--size", "1000000000000", "--json"],
+            vec![],
+        ),
+    ] {
+        let o = pto(&args, &env);
+        assert_eq!(o.code, Some(2), "{args:?}");
+        let v = json(&o);
+        assert_eq!(v["passed"], false);
+        assert_eq!(v["exit_code"], 2);
+        assert_eq!(v["error"]["kind"], "usage");
+        assert!(v["error"]["message"].as_str().unwrap().len() > 10, "{v}");
+    }
+}
+
+/// Children of `pid` as soon as there are `n` (polled every 50 µs), or `None` when `pid` is
+/// gone first (it finished before they could be seen).
+fn catch_children(pid: u32, n: usize) -> Option<Vec<u32>> {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        let c = children_of(pid);
+        if c.len() >= n {
+            return Some(c);
+        }
+        if !alive(pid) {
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    None
+}
+
+#[test]
+fn a_stopped_chip_is_the_root_cause_within_the_deadline() {
+    // Freeze pto as soon as its chips exist, stop chip 1, then let pto go on: from then on it
+    // needs chip 1 (in bring-up or in its one short task). A run fast enough to finish before
+    // it could be frozen does not count: try again.
+    for _attempt in 0..30 {
+        let t = Instant::now();
+        let child = spawn(
+            &[
+                "run",
+                "allreduce_distributed",
+                "--ranks",
+                "3",
+                "--size",
+                "200000",
+                "--json",
+            ],
+            &[("PTO_WAIT_TIMEOUT_MS", "1500")],
+        );
+        let parent = child.id();
+        let Some(kids) = catch_children(parent, 3) else {
+            let _ = finish(child, t);
+            continue;
+        };
+        signal(parent, rustix::process::Signal::STOP);
+        if children_of(parent).len() < 3 {
+            // Too late: the run was over.
+            signal(parent, rustix::process::Signal::CONT);
+            let _ = finish(child, t);
+            continue;
+        }
+        signal(kids[1], rustix::process::Signal::STOP);
+        std::thread::sleep(Duration::from_millis(20));
+        signal(parent, rustix::process::Signal::CONT);
+        let resumed = Instant::now();
+        let o = finish(child, t);
+        let took = resumed.elapsed();
+        if o.code == Some(0) {
+            // Chip 1 had already done its part when it stopped.
+            continue;
+        }
+        assert_eq!(o.code, Some(3), "{}\n{}", o.out, o.err);
+        // Reported within the wait deadline plus a second.
+        assert!(took < Duration::from_millis(2500), "took {took:?}");
+        let v = json(&o);
+        let root = &v["error"]["root_cause"];
+        assert_eq!(root["pid"], kids[1], "{v}");
+        assert_eq!(root["state"], "stopped", "{v}");
+        assert_eq!(v["error"]["kind"], "runtime");
+        assert!(!v["error"]["ranks"].as_array().unwrap().is_empty(), "{v}");
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!alive(kids[1]), "the stopped chip was left behind");
+        assert!(segments_of(&[&[parent], kids.as_slice()].concat()).is_empty());
+        return;
+    }
+    panic!("could not stop a chip before the run ended in 30 attempts");
+}
+
+#[test]
+fn a_killed_chip_is_named_with_its_signal() {
+    let t = Instant::now();
+    let child = spawn(
+        &[
+            "run",
+            "allreduce_distributed",
+            "--ranks",
+            "3",
+            "--size",
+            "4000000",
+        ],
+        &[],
+    );
+    let parent = child.id();
+    let kids = wait_children(parent, 3);
+    std::thread::sleep(Duration::from_millis(150));
+    signal(kids[2], rustix::process::Signal::KILL);
+    let o = finish(child, t);
+    assert_eq!(o.code, Some(3), "{}\n{}", o.out, o.err);
+    assert!(
+        o.out.contains(&format!(
+            "root cause: chip 2 (pid {}) was killed by signal 9 (SIGKILL)",
+            kids[2]
+        )),
+        "{}",
+        o.out
+    );
+    assert!(o.took < Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(kids.iter().all(|&k| !alive(k)));
+    assert!(segments_of(&[&[parent], kids.as_slice()].concat()).is_empty());
+}
+
+#[test]
+fn a_chip_that_dies_while_inputs_are_prepared_ends_the_run_at_once() {
+    // A large size: the host spends seconds writing inputs after the chips are up.
+    let t = Instant::now();
+    let child = spawn(
+        &[
+            "run",
+            "allreduce_distributed",
+            "--ranks",
+            "2",
+            "--size",
+            "60000000",
+            "--json",
+        ],
+        &[],
+    );
+    let parent = child.id();
+    let kids = wait_children(parent, 2);
+    std::thread::sleep(Duration::from_millis(30));
+    let killed = Instant::now();
+    signal(kids[0], rustix::process::Signal::KILL);
+    let o = finish(child, t);
+    assert_eq!(o.code, Some(3), "{}\n{}", o.out, o.err);
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        killed.elapsed()
+    );
+    let v = json(&o);
+    assert_eq!(v["error"]["root_cause"]["pid"], kids[0], "{v}");
+    assert_eq!(v["error"]["root_cause"]["exit"]["signal"], 9, "{v}");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(kids.iter().all(|&k| !alive(k)));
+    assert!(segments_of(&[&[parent], kids.as_slice()].concat()).is_empty());
+}
+
+#[test]
+fn signals_end_every_child_remove_every_segment_and_exit_128_plus_the_signal() {
+    for (sig, code) in [
+        (rustix::process::Signal::INT, 130),
+        (rustix::process::Signal::TERM, 143),
+        (rustix::process::Signal::HUP, 129),
+    ] {
+        let t = Instant::now();
+        let child = spawn(
+            &[
+                "run",
+                "allreduce_distributed",
+                "--ranks",
+                "3",
+                "--size",
+                "8000000",
+            ],
+            &[],
+        );
+        let parent = child.id();
+        let kids = wait_children(parent, 3);
+        std::thread::sleep(Duration::from_millis(100));
+        let sent = Instant::now();
+        signal(parent, sig);
+        let o = finish(child, t);
+        assert_eq!(o.code, Some(code), "{sig:?}: {}\n{}", o.out, o.err);
+        assert!(
+            sent.elapsed() < Duration::from_secs(2),
+            "{sig:?} took {:?}",
+            sent.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(kids.iter().all(|&k| !alive(k)), "{sig:?}: children left");
+        let left = segments_of(&[&[parent], kids.as_slice()].concat());
+        assert!(left.is_empty(), "{sig:?}: segments left: {left:?}");
+    }
+}
+
+/// `sh -c script` in a private /dev/shm when this test runs as root (a tmpfs in a private mount
+/// namespace), else in the real one.
+fn in_private_shm(script: &str) -> Out {
+    let t = Instant::now();
+    let root = rustix::process::getuid().is_root();
+    let mut c = if root {
+        let mut c = Command::new("unshare");
+        c.args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "mount -t tmpfs -o size=256m tmpfs /dev/shm && {script}"
+            ));
+        c
+    } else {
+        let mut c = Command::new("sh");
+        c.args(["-c", script]);
+        c
+    };
+    let child = c
+        .env("PTO", PTO)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    finish(child, t)
+}
+
+#[test]
+fn a_fifo_named_like_a_segment_hangs_nothing() {
+    let name = format!("pto.{}.00000000feedf00d.fifo", std::process::id());
+    let o = in_private_shm(&format!(
+        "mkfifo /dev/shm/{name} && \"$PTO\" clean && \"$PTO\" run allreduce_distributed --ranks 2; rc=$?; rm -f /dev/shm/{name}; exit $rc"
+    ));
+    assert_eq!(o.code, Some(0), "{}\n{}", o.out, o.err);
+    assert!(
+        o.err.contains("not a regular file"),
+        "no warning: {}",
+        o.err
+    );
+    assert!(o.out.contains("PASSED"), "{}", o.out);
+    assert!(o.took < Duration::from_secs(20));
+}
+
+#[test]
+fn the_next_run_sweeps_what_a_killed_run_left() {
+    // A run killed with SIGKILL can clean nothing; its segments name a dead creator.
+    let mut dead = Command::new("true").spawn().unwrap();
+    let pid = dead.id();
+    dead.wait().unwrap();
+    let name = format!("pto.{pid}.00000000deadbeef.world");
+    let o = in_private_shm(&format!(
+        "head -c 4096 /dev/zero > /dev/shm/{name} && \"$PTO\" run allreduce_distributed --ranks 2 && test ! -e /dev/shm/{name}"
+    ));
+    assert_eq!(o.code, Some(0), "{}\n{}", o.out, o.err);
+}
+
+#[test]
+fn clean_run_by_another_user_goes_on_past_what_it_may_not_remove() {
+    if !rustix::process::getuid().is_root()
+        || Command::new("setpriv").arg("--help").output().is_err()
+    {
+        eprintln!("SKIPPED: needs root and setpriv to act as another user");
+        return;
+    }
+    let mut dead = Command::new("true").spawn().unwrap();
+    let pid = dead.id();
+    dead.wait().unwrap();
+    let (a, b) = (
+        format!("pto.{pid}.00000000000000a1.x"),
+        format!("pto.{pid}.00000000000000b2.x"),
+    );
+    // Root's stale segments in a sticky /dev/shm: another user may list them, not remove them.
+    let o = in_private_shm(&format!(
+        "chmod 1777 /dev/shm && : > /dev/shm/{a} && : > /dev/shm/{b} && chmod 600 /dev/shm/{a} /dev/shm/{b} && \
+         setpriv --reuid=65534 --regid=65534 --clear-groups \"$PTO\" clean; rc=$?; ls /dev/shm; exit $rc"
+    ));
+    assert_eq!(o.code, Some(0), "{}\n{}", o.out, o.err);
+    assert!(
+        o.err.contains(&a) && o.err.contains(&b),
+        "both named: {}",
+        o.err
+    );
+    assert!(o.out.contains("2 could not be removed"), "{}", o.out);
+}
+
+#[test]
+fn under_an_mpi_launcher_without_backend_mpi_it_says_so() {
+    let o = pto(
+        &["run", "ffn_tp_parallel", "--ranks", "2"],
+        &[("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_RANK", "0")],
+    );
+    assert_eq!(o.code, Some(2), "{}", o.err);
+    assert!(o.err.contains("--backend mpi"), "{}", o.err);
+}
+
+#[test]
+fn logging_is_quiet_by_default_and_follows_pto_log_and_v() {
+    let quiet = pto(&["run", "allreduce_distributed", "--ranks", "2"], &[]);
+    assert_eq!(quiet.code, Some(0));
+    assert!(quiet.err.is_empty(), "{}", quiet.err);
+    let debug = pto(
+        &["run", "allreduce_distributed", "--ranks", "2"],
+        &[("PTO_LOG", "debug")],
+    );
+    assert!(debug.err.contains("segment created"), "{}", debug.err);
+    assert!(debug.err.contains("child forked"), "{}", debug.err);
+    let v = pto(
+        &["-vv", "run", "allreduce_distributed", "--ranks", "2"],
+        &[],
+    );
+    assert!(v.err.contains("segment unlinked"), "{}", v.err);
+    let rust_log = pto(
+        &["run", "allreduce_distributed", "--ranks", "2"],
+        &[("RUST_LOG", "pto_worker=debug")],
+    );
+    assert!(
+        rust_log.err.contains("child forked") && !rust_log.err.contains("segment created"),
+        "{}",
+        rust_log.err
+    );
+}
+
+fn arb_arg() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "run",
+            "bench",
+            "list",
+            "env",
+            "clean",
+            "dag",
+            "comm",
+            "worker",
+            "allgather",
+            "ffn_tp_parallel",
+            "vector_pipeline",
+            "--ranks",
+            "--size",
+            "--aic",
+            "--aiv",
+            "--backend",
+            "--json",
+            "--trace",
+            "--reps",
+            "--tasks",
+            "--threads",
+            "--dry-run",
+            "-v",
+            "-q",
+            "--help",
+            "shm",
+            "local",
+            "mpi",
+            "0",
+            "1",
+            "-1",
+            "3",
+            "18446744073709551616",
+            "99999999999",
+            "",
+            "--",
+            "=",
+            "--ranks=0",
+            "\u{1F600}",
+            "/dev/null",
+        ])
+        .prop_map(str::to_string),
+        "[ -~]{0,12}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// No argument vector makes `pto` panic or hang, and every exit code is a documented one.
+    #[test]
+    fn no_argument_vector_panics(args in prop::collection::vec(arb_arg(), 0..6)) {
+        // Keep generated runs short: a valid run must stay small.
+        let mut v: Vec<&str> = args.iter().map(String::as_str).collect();
+        if v.first() == Some(&"bench") {
+            v.extend(["--tasks", "100", "--reps", "1"]);
+        }
+        let o = pto(&v, &[("PTO_WAIT_TIMEOUT_MS", "5000")]);
+        prop_assert!(!o.err.contains("panicked"), "{:?}: {}", v, o.err);
+        prop_assert!(matches!(o.code, Some(0..=4)), "{:?}: {:?} {}", v, o.code, o.err);
+    }
+}
