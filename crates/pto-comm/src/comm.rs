@@ -92,12 +92,15 @@ pub(crate) fn wait_err(
     rank: usize,
 ) -> impl FnOnce(WaitError<CommError>) -> CommError {
     move |e| match e {
-        WaitError::Check(e) => e,
-        WaitError::Timeout { waited } => CommError::Timeout {
-            what: what(),
-            rank,
-            waited,
-        },
+        WaitError::Check(e) => {
+            tracing::debug!(rank, error = %e, "wait ended by a peer's failure");
+            e
+        }
+        WaitError::Timeout { waited } => {
+            let what = what();
+            tracing::debug!(rank, what, ?waited, "wait deadline passed");
+            CommError::Timeout { what, rank, waited }
+        }
     }
 }
 
@@ -206,6 +209,7 @@ impl Comm {
     /// Raises an abort: every rank's blocked and future operations fail with
     /// [`CommError::Aborted`] naming this rank and `message`.
     pub fn abort(&self, message: &str) {
+        tracing::warn!(rank = self.world_rank(), message, "aborting the world");
         self.world_ref().abort(self.world_rank(), message);
     }
 
@@ -462,7 +466,19 @@ impl Comm {
             *s += 1;
             *s
         };
-        Window::allocate(self, spec, seq)
+        let w = Window::allocate(self, spec, seq);
+        match &w {
+            Ok(_) => tracing::debug!(
+                rank = self.rank(),
+                bytes = spec.bytes,
+                seq,
+                "window allocated"
+            ),
+            Err(e) => {
+                tracing::debug!(rank = self.rank(), bytes = spec.bytes, error = %e, "window allocation failed")
+            }
+        }
+        w
     }
 
     pub(crate) fn create_or_open(

@@ -118,11 +118,13 @@ fn ok(rc: c_int, rank: usize, call: &'static str) -> Result<(), CommError> {
     if rc == 0 {
         Ok(())
     } else {
+        let message = error_text(rc);
+        tracing::warn!(rank, call, code = rc, message, "MPI call failed");
         Err(CommError::Mpi {
             rank,
             call,
             code: rc,
-            message: error_text(rc),
+            message,
         })
     }
 }

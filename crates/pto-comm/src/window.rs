@@ -924,6 +924,7 @@ fn rma_wait(
         }
         let now = Instant::now();
         if now >= deadline {
+            tracing::debug!(offset, value, seen = v, "signal wait deadline passed");
             return Err(CommError::Timeout {
                 what: format!("signal wait at offset {offset} for >= {value}"),
                 rank: comm.world_rank(),

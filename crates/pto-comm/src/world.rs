@@ -112,6 +112,12 @@ impl World {
         let (pid, state, start) = self.slot(rank);
         match state.compare_exchange(NOT_JOINED, RUNNING, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
+                tracing::debug!(
+                    rank,
+                    size = self.size,
+                    backend = self.backend().name(),
+                    "joined the world"
+                );
                 start.store(me.start, Ordering::Relaxed);
                 pid.store(me.pid, Ordering::Release);
                 Ok(())
