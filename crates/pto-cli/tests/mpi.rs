@@ -134,3 +134,114 @@ fn a_trace_holds_every_ranks_chip() {
         );
     }
 }
+
+#[test]
+fn under_mpirun_without_backend_mpi_every_rank_says_so_and_stops() {
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-n", "2"])
+        .arg(env!("CARGO_BIN_EXE_pto"))
+        .args(["run", "ffn_tp_parallel"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("use --backend mpi") || err.contains("Use --backend mpi"),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("PASSED"));
+}
+
+#[test]
+fn a_missing_launcher_is_an_environment_error_naming_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pto"))
+        .args(["run", "ffn_tp_parallel", "--backend", "mpi", "--ranks", "2"])
+        .env("PTO_MPIRUN", "/nonexistent/mpirun --verbose")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/mpirun"), "{err}");
+}
+
+#[test]
+fn sigint_ends_mpirun_and_every_rank() {
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pto"))
+        .args([
+            "run",
+            "allreduce_distributed",
+            "--backend",
+            "mpi",
+            "--ranks",
+            "3",
+            "--size",
+            "30000000",
+            "-q",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Wait until mpirun has started the ranks (three `pto` processes under it).
+    let ranks = |ppid: u32| -> Vec<u32> {
+        let out = Command::new("pgrep")
+            .args(["-f", "-P", &ppid.to_string(), "pto"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    };
+    let t = Instant::now();
+    let (launcher, pids) = loop {
+        let l = Command::new("pgrep")
+            .args(["-P", &pid.to_string()])
+            .output()
+            .unwrap();
+        let launcher: Option<u32> = String::from_utf8_lossy(&l.stdout)
+            .split_whitespace()
+            .find_map(|p| p.parse().ok());
+        if let Some(m) = launcher {
+            let r = ranks(m);
+            if r.len() >= 3 {
+                break (m, r);
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "ranks did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let sent = Instant::now();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(sent.elapsed() < Duration::from_secs(10), "pto did not end");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(130));
+    let alive = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .map(|s| !s.rsplit(')').next().unwrap_or("").trim().starts_with('Z'))
+            .unwrap_or(false)
+    };
+    while (alive(launcher) || pids.iter().any(|&p| alive(p)))
+        && sent.elapsed() < Duration::from_secs(2)
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!alive(launcher), "mpirun still runs 2 s after SIGINT");
+    let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(
+        left.is_empty(),
+        "ranks still run 2 s after SIGINT: {left:?}"
+    );
+}

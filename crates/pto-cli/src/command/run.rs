@@ -297,17 +297,16 @@ impl Reporter {
                     }
                     println!("{text}");
                 }
-                None => {
-                    if code == exit::USAGE {
-                        pto_shm::eprint_line!("pto: {message}");
-                    } else {
-                        println!(
-                            "{}: {message}",
-                            self.head(&format!("FAILED ({what}, exit {code})"))
-                        );
-                    }
+                None if code != exit::USAGE => {
+                    println!(
+                        "{}: {message}",
+                        self.head(&format!("FAILED ({what}, exit {code})"))
+                    );
                 }
+                None => {}
             }
+            // The report is on stdout; the error in one line on stderr too.
+            pto_shm::eprint_line!("pto: {message}");
         }
     }
 
