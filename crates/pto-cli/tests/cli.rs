@@ -6,6 +6,8 @@
 
 use std::process::Command;
 
+mod common;
+
 fn pto(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_pto"))
         .args(args)
@@ -79,45 +81,40 @@ fn bad_arguments_are_clear_errors() {
 
 #[test]
 fn clean_lists_and_removes_stale_segments_only() {
-    // A segment whose creator is dead: named after a reaped child's pid.
+    // In a private /dev/shm: a concurrent `pto run` sweeps stale segments too.
+    // A segment whose creator is dead (named after a reaped child's pid), and a live one
+    // (named after pid 1, which lives as long as the machine).
     let mut child = Command::new("true").spawn().unwrap();
     let pid = child.id();
     child.wait().unwrap();
-    let name = format!("pto.{pid}.00000000deadbeef.clitest");
-    std::fs::write(format!("/dev/shm/{name}"), b"").unwrap();
-    // A live one: ours.
-    let live = pto_shm::Segment::create(
-        &pto_shm::Segment::fresh_name("clilive"),
-        pto_shm::HEADER_LEN,
-        pto_shm::HeaderInit::default(),
-    )
-    .unwrap();
-    let (code, out, _) = pto(&["clean", "--dry-run"]);
-    assert_eq!(code, 0);
-    let line = out
+    let stale = format!("pto.{pid}.00000000deadbeef.clitest");
+    let live = "pto.1.00000000000000aa.clilive";
+    let o = common::in_private_shm(&format!(
+        ": > /dev/shm/{stale} && : > /dev/shm/{live} && \
+         echo DRY && \"$PTO\" clean --dry-run && test -e /dev/shm/{stale} && \
+         echo REAL && \"$PTO\" clean && test ! -e /dev/shm/{stale} && test -e /dev/shm/{live}"
+    ));
+    assert_eq!(o.code, Some(0), "{}\n{}", o.out, o.err);
+    let (dry, real) = o.out.split_once("REAL").unwrap();
+    let line = dry
         .lines()
-        .find(|l| l.contains(&name))
+        .find(|l| l.contains(&stale))
         .expect("stale segment listed");
     assert!(
         line.contains("stale") && !line.contains("removed"),
         "{line}"
     );
-    assert!(std::path::Path::new(&format!("/dev/shm/{name}")).exists());
-    let (code, out, _) = pto(&["clean"]);
-    assert_eq!(code, 0);
     assert!(
-        out.lines()
-            .any(|l| l.contains(&name) && l.contains("removed")),
-        "{out}"
+        real.lines()
+            .any(|l| l.contains(&stale) && l.contains("removed")),
+        "{real}"
     );
-    assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
-    let live_line = out
+    let live_line = real
         .lines()
-        .find(|l| l.contains(&live.name()[1..]))
+        .find(|l| l.contains(live))
         .expect("live segment listed");
     assert!(
         live_line.contains("live") && !live_line.contains("removed"),
         "{live_line}"
     );
-    assert!(std::path::Path::new(&format!("/dev/shm/{}", &live.name()[1..])).exists());
 }

@@ -16,6 +16,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
+
+mod common;
 use serde_json::Value;
 
 const PTO: &str = env!("CARGO_BIN_EXE_pto");
@@ -422,37 +424,10 @@ fn signals_end_every_child_remove_every_segment_and_exit_128_plus_the_signal() {
     }
 }
 
-/// `sh -c script` in a private /dev/shm when this test runs as root (a tmpfs in a private mount
-/// namespace), else in the real one.
-fn in_private_shm(script: &str) -> Out {
-    let t = Instant::now();
-    let root = rustix::process::getuid().is_root();
-    let mut c = if root {
-        let mut c = Command::new("unshare");
-        c.args(["--mount", "--propagation", "private", "sh", "-c"])
-            .arg(format!(
-                "mount -t tmpfs -o size=256m tmpfs /dev/shm && {script}"
-            ));
-        c
-    } else {
-        let mut c = Command::new("sh");
-        c.args(["-c", script]);
-        c
-    };
-    let child = c
-        .env("PTO", PTO)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    finish(child, t)
-}
-
 #[test]
 fn a_fifo_named_like_a_segment_hangs_nothing() {
     let name = format!("pto.{}.00000000feedf00d.fifo", std::process::id());
-    let o = in_private_shm(&format!(
+    let o = common::in_private_shm(&format!(
         "mkfifo /dev/shm/{name} && \"$PTO\" clean && \"$PTO\" run allreduce_distributed --ranks 2; rc=$?; rm -f /dev/shm/{name}; exit $rc"
     ));
     assert_eq!(o.code, Some(0), "{}\n{}", o.out, o.err);
@@ -472,7 +447,7 @@ fn the_next_run_sweeps_what_a_killed_run_left() {
     let pid = dead.id();
     dead.wait().unwrap();
     let name = format!("pto.{pid}.00000000deadbeef.world");
-    let o = in_private_shm(&format!(
+    let o = common::in_private_shm(&format!(
         "head -c 4096 /dev/zero > /dev/shm/{name} && \"$PTO\" run allreduce_distributed --ranks 2 && test ! -e /dev/shm/{name}"
     ));
     assert_eq!(o.code, Some(0), "{}\n{}", o.out, o.err);
@@ -494,7 +469,7 @@ fn clean_run_by_another_user_goes_on_past_what_it_may_not_remove() {
         format!("pto.{pid}.00000000000000b2.x"),
     );
     // Root's stale segments in a sticky /dev/shm: another user may list them, not remove them.
-    let o = in_private_shm(&format!(
+    let o = common::in_private_shm(&format!(
         "chmod 1777 /dev/shm && : > /dev/shm/{a} && : > /dev/shm/{b} && chmod 600 /dev/shm/{a} /dev/shm/{b} && \
          setpriv --reuid=65534 --regid=65534 --clear-groups \"$PTO\" clean; rc=$?; ls /dev/shm; exit $rc"
     ));

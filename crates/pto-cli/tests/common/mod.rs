@@ -1,0 +1,84 @@
+//! Running `pto` in a private /dev/shm.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What a script printed and how it ended.
+pub struct ShOut {
+    pub code: Option<i32>,
+    pub out: String,
+    pub err: String,
+    pub took: Duration,
+}
+
+/// Runs `sh -c script` (with `$PTO` the pto binary) in a private /dev/shm: a tmpfs mounted in a
+/// private mount namespace (as root, or as a user with user namespaces), so that what it puts
+/// there (stale segments, FIFOs) and what `pto` sweeps cannot touch other tests. Falls back to
+/// the real /dev/shm where namespaces are refused. Killed after 60 s.
+#[allow(clippy::unwrap_used)]
+pub fn in_private_shm(script: &str) -> ShOut {
+    let wrapped = format!("mount -t tmpfs -o size=256m tmpfs /dev/shm && {script}");
+    let root = rustix::process::getuid().is_root();
+    let ns_args: &[&str] = if root {
+        &["--mount", "--propagation", "private"]
+    } else {
+        &[
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--propagation",
+            "private",
+        ]
+    };
+    let usable = Command::new("unshare")
+        .args(ns_args)
+        .args(["sh", "-c", "mount -t tmpfs tmpfs /dev/shm"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let mut c = if usable {
+        let mut c = Command::new("unshare");
+        c.args(ns_args).args(["sh", "-c", &wrapped]);
+        c
+    } else {
+        eprintln!("note: no private mount namespace here: using the real /dev/shm");
+        let mut c = Command::new("sh");
+        c.args(["-c", script]);
+        c
+    };
+    let t = Instant::now();
+    let mut child = c
+        .env("PTO", env!("CARGO_BIN_EXE_pto"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut o, mut e) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let to = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = o.read_to_string(&mut s);
+        s
+    });
+    let te = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = e.read_to_string(&mut s);
+        s
+    });
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("script hung for 60 s: {script}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    ShOut {
+        code: status.code(),
+        out: to.join().unwrap(),
+        err: te.join().unwrap(),
+        took: t.elapsed(),
+    }
+}
