@@ -140,7 +140,9 @@ fn wait_children(pid: u32, n: usize) -> Vec<u32> {
 
 #[test]
 fn bad_arguments_and_variables_are_usage_errors_that_name_them() {
-    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+    // (arguments, environment, what the message must name)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case<'_>] = &[
         (&["run", "allgather", "--ranks", "0"], &[], "--ranks"),
         (&["run", "allgather", "--ranks", "100000"], &[], "--ranks"),
         (&["run", "allgather", "--ranks", "-3"], &[], "-3"),

@@ -476,7 +476,7 @@ impl Collectives {
             why: "count overflows",
         })?;
         w.remote(me, offset)?;
-        if offset % 64 != 0 || offset + bytes > w.len() {
+        if !offset.is_multiple_of(64) || offset + bytes > w.len() {
             return Err(CommError::OutOfBounds {
                 op: "allreduce_window",
                 rank: me,
@@ -678,7 +678,7 @@ impl Collectives {
         recv: &mut [T],
     ) -> Result<(), CommError> {
         let n = self.n();
-        if send.len() % n != 0 || recv.len() != send.len() {
+        if !send.len().is_multiple_of(n) || recv.len() != send.len() {
             return Err(CommError::BadBuffer {
                 name: "all_to_all".into(),
                 why: format!(

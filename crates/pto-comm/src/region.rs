@@ -63,7 +63,7 @@ impl Region {
     /// If `offset` is misaligned or out of bounds (a bug in the caller's layout).
     pub(crate) fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
         assert!(
-            offset % 4 == 0 && offset + 4 <= self.len(),
+            offset.is_multiple_of(4) && offset + 4 <= self.len(),
             "bad atomic offset {offset} in {}",
             self.name()
         );
@@ -79,7 +79,7 @@ impl Region {
     /// As [`Region::atomic_u32`].
     pub(crate) fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
         assert!(
-            offset % 8 == 0 && offset + 8 <= self.len(),
+            offset.is_multiple_of(8) && offset + 8 <= self.len(),
             "bad atomic offset {offset} in {}",
             self.name()
         );

@@ -474,7 +474,7 @@ impl Window {
         width: usize,
     ) -> Result<(), CommError> {
         self.check_range(op, rank, offset, width)?;
-        if offset % width != 0 {
+        if !offset.is_multiple_of(width) {
             return Err(CommError::Misaligned {
                 op,
                 offset,

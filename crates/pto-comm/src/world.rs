@@ -36,7 +36,8 @@ pub(crate) const ABORT_MSG_LEN: usize = 256;
 /// Two flag lines (for a two-rank communicator's barrier), 64 bytes each.
 pub(crate) const OFF_PAIR: usize = 704;
 pub(crate) const OFF_RANKS: usize = 832;
-const _: () = assert!(OFF_BARRIER % 64 == 0 && OFF_BARRIER + Barrier::SIZE <= OFF_ABORT_MSG);
+const _: () =
+    assert!(OFF_BARRIER.is_multiple_of(64) && OFF_BARRIER + Barrier::SIZE <= OFF_ABORT_MSG);
 pub(crate) const RANK_SLOT: usize = 16;
 
 /// A rank's state in the table.

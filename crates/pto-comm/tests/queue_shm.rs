@@ -125,7 +125,7 @@ fn drain(q: &SharedQueue, kids: &mut Producers, n: u64, count: u64, deadline: In
             continue;
         }
         idle += 1;
-        if idle % 1024 == 0 {
+        if idle.is_multiple_of(1024) {
             assert!(
                 Instant::now() < deadline,
                 "gave up with {got} of {} completions (per producer {next:?})",
@@ -246,7 +246,7 @@ fn producer_entry() {
         while let Err(full) = q.queue().post(c) {
             assert_eq!(full.token, c.token);
             tries += 1;
-            if tries % 1024 == 0 && Instant::now() >= deadline {
+            if tries.is_multiple_of(1024) && Instant::now() >= deadline {
                 eprintln!("producer {index}: queue still full at completion {i}; giving up");
                 std::process::exit(1);
             }

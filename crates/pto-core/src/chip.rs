@@ -411,7 +411,7 @@ fn spin_for(hint: &AtomicU64, seen: u64, spin: Duration) -> bool {
             return true;
         }
         i = i.wrapping_add(1);
-        if i % 64 == 0 {
+        if i.is_multiple_of(64) {
             if start.elapsed() >= spin {
                 return false;
             }
@@ -476,7 +476,7 @@ fn worker_main(shared: &Shared) {
                             }
                             std::hint::spin_loop();
                         }
-                        if idle_polls % 64 == 0 {
+                        if idle_polls.is_multiple_of(64) {
                             std::thread::yield_now();
                         }
                     });

@@ -91,8 +91,9 @@ pub fn install() {
     }
     INSTALLER.store(me(), Ordering::Release);
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: sigaction with a null new action only reads the current one into `old`.
+        // SAFETY: `sigaction` is plain old data: all zeroes is a valid value.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: a null new action only reads the current one into `old`.
         let rc = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
         if rc != 0 || old.sa_sigaction != libc::SIG_DFL {
             tracing::debug!(

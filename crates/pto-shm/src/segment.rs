@@ -430,7 +430,7 @@ impl Segment {
     /// If `offset` is misaligned or out of bounds (a bug in the caller's layout).
     pub fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
         assert!(
-            offset % 4 == 0 && offset + 4 <= self.len,
+            offset.is_multiple_of(4) && offset + 4 <= self.len,
             "bad atomic offset {offset}"
         );
         // SAFETY: aligned and in bounds (asserted); shared memory accessed only atomically here.
@@ -444,7 +444,7 @@ impl Segment {
     /// If `offset` is misaligned or out of bounds.
     pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
         assert!(
-            offset % 8 == 0 && offset + 8 <= self.len,
+            offset.is_multiple_of(8) && offset + 8 <= self.len,
             "bad atomic offset {offset}"
         );
         // SAFETY: as in `atomic_u32`.

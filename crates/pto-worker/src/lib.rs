@@ -144,7 +144,7 @@ pub enum WorkerError {
     Comm(#[from] CommError),
     /// Children failed (a run, or bring-up): every failure, the root cause first.
     #[error("{0}")]
-    Failed(RunFailure),
+    Failed(Box<RunFailure>),
 }
 
 impl WorkerError {
@@ -1290,7 +1290,7 @@ impl Worker {
         }
         if let Some(mut report) = RunFailure::from_failures(failures) {
             report.host = r.err();
-            return Err(WorkerError::Failed(report));
+            return Err(WorkerError::Failed(Box::new(report)));
         }
         if let Some(b) = self.state.broken.lock().clone() {
             return Err(WorkerError::Broken(b));

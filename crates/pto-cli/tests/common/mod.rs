@@ -1,4 +1,6 @@
-//! Running `pto` in a private /dev/shm.
+//! Running `pto` in a private /dev/shm (shared by several test targets, each using a part).
+
+#![allow(dead_code)]
 
 use std::io::Read;
 use std::process::{Command, Stdio};

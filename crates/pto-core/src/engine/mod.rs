@@ -684,7 +684,7 @@ impl Dag {
         loop {
             let mut picked = None;
             // MIX first (it needs a whole cluster), then AIC and AIV in alternating order.
-            let order = if self.rotate % 2 == 0 {
+            let order = if self.rotate.is_multiple_of(2) {
                 [0, 1, 2]
             } else {
                 [0, 2, 1]

@@ -35,7 +35,7 @@ impl Runs {
             .filter(|(&n, _)| n > 1)
             .map(|(&n, &s)| (n, s * sz))
             .collect();
-        dims.sort_by(|x, y| y.1.cmp(&x.1));
+        dims.sort_by_key(|d| std::cmp::Reverse(d.1));
         let mut run = sz;
         while let Some(&(n, s)) = dims.last() {
             if s != run {
