@@ -29,14 +29,20 @@ import os as _os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     _os.environ.setdefault(_var, "1")
 
+import operator as _operator  # noqa: E402
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from . import _native  # noqa: E402
-from ._native import CommError, HostOrch, PtoError, SharedBuffer, WorkerError  # noqa: E402
+from ._errors import CommError, PtoError, WorkerError  # noqa: E402
+from ._native import HostOrch, SharedBuffer  # noqa: E402
+
+#: The package version (the native module's, set from its Cargo.toml: the one source).
+__version__: str = _native.__version__
 
 __all__ = [
+    "__version__",
     "Worker",
     "HostOrch",
     "Comm",
@@ -86,27 +92,63 @@ def kernels() -> List[str]:
     return _native.kernels()
 
 
-def _dtype_name(d: Any) -> str:
-    if isinstance(d, str) and d in ("bf16", "bfloat16"):
-        return "bf16"
-    return np.dtype(d).name
+# pto's short dtype names that numpy reads as another type (its codes count bytes, pto's bits).
+_AMBIGUOUS_DTYPES = {"i8": ("int64", "int8"), "u8": ("uint64", "uint8"), "f16": ("float128", "float16")}
+
+
+def _dtype_name(d: Any, what: str = "dtype") -> Any:
+    """numpy's name of dtype ``d`` (a name, a numpy dtype or type); what numpy does not know is
+    passed on unchanged, for the native module to accept (pto's names: ``"f32"``, ``"bf16"``)
+    or refuse by name. Names that numpy and pto read differently are refused."""
+    if isinstance(d, str):
+        if d in ("bf16", "bfloat16"):
+            return "bf16"
+        if d in _AMBIGUOUS_DTYPES:
+            numpy_reads, pto_reads = _AMBIGUOUS_DTYPES[d]
+            raise ValueError(
+                f"{what}: {d!r} is ambiguous: numpy reads it as {numpy_reads}, pto as "
+                f"{pto_reads}; write {pto_reads!r} or {numpy_reads!r}"
+            )
+    try:
+        return np.dtype(d).name
+    except (TypeError, ValueError):
+        return d
+
+
+def _buffer_specs(buffers: Any) -> Any:
+    """``buffers`` with numpy dtypes turned into names; anything malformed is left for the
+    native module to refuse with a message naming it."""
+    if buffers is None or not isinstance(buffers, (list, tuple)):
+        return buffers
+    return [
+        (b[0], _dtype_name(b[1], f"buffers[{i}] dtype"), b[2])
+        if isinstance(b, (list, tuple)) and len(b) == 3
+        else b
+        for i, b in enumerate(buffers)
+    ]
 
 
 class Worker:
     """Chips (one process each), optional sub-worker processes, and a communication window.
 
     Args:
-        chips: number of chips (ranks).
-        cores: logical ``(AIC, AIV)`` cores per chip.
-        sub_workers: sub-worker processes that run the ``subs`` callables.
+        chips: number of chips (ranks), 1 to 1024.
+        cores: logical ``(AIC, AIV)`` cores per chip: 0 to 1024 AIC, 0 to 2048 AIV, at least
+            one in all.
+        sub_workers: sub-worker processes that run the ``subs`` callables, 0 to 1024.
         buffers: the window's named buffers, ``[(name, dtype, count), ...]``, the same on
-            every chip (signals, mailboxes, scratch).
+            every chip (signals, mailboxes, scratch): distinct non-empty names, a numpy or pto
+            dtype name, a count of at least 1; at most 1 TiB per chip in all.
         collectives: staging bytes for the chips' collectives (needed by programs that
-            allreduce, such as ``ffn_tp_parallel``).
+            allreduce, such as ``ffn_tp_parallel``), at least 1.
         comm: give the chips a communicator (default); False for chips that never talk.
         subs: ``{name: callable}`` run on sub-workers by ``HostOrch.submit_sub``; a callable
             gets numpy arrays of the task's tensors, then its scalars.
-        timeout: seconds any wait may take before it fails.
+        timeout: seconds any wait may take before it fails (above 0, at most 1e9).
+
+    Bad arguments raise :class:`TypeError` (a wrong type) or :class:`ValueError` (out of
+    range) naming the argument and what it may be, here and in every method; failures of the
+    Worker or of a run raise :class:`WorkerError`.
     """
 
     def __init__(
@@ -120,11 +162,9 @@ class Worker:
         subs: Optional[Dict[str, Callable[..., Any]]] = None,
         timeout: Optional[float] = None,
     ) -> None:
-        specs = [(n, _dtype_name(d), int(c)) for (n, d, c) in (buffers or [])]
-        aic, aiv = cores
         try:
             self._w = _native.Worker(
-                chips, (int(aic), int(aiv)), sub_workers, specs, collectives, comm, subs, timeout
+                chips, cores, sub_workers, _buffer_specs(buffers), collectives, comm, subs, timeout
             )
         except WorkerError as e:
             if "before any thread starts" in str(e):
@@ -142,10 +182,17 @@ class Worker:
     def buffer(self, shape: Union[int, Sequence[int]], dtype: Any = "float32") -> np.ndarray:
         """A zero-filled array in shared memory: chips read and write it in place (no copy).
 
-        Do not touch it while a run uses it.
+        ``shape`` is an int or a sequence of 1 to 5 ints, each at least 1; ``dtype`` a numpy
+        dtype (or its name) that pto supports. Do not touch the array while a run uses it.
         """
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        return np.asarray(self._w.buffer(list(shape), _dtype_name(dtype)))
+        try:
+            dims: Any = [_operator.index(shape)]  # type: ignore[arg-type]
+        except TypeError:
+            # Any iterable of ints (a tuple, a list, an array's shape); anything else is left for
+            # the native module to refuse by name.
+            iterable = hasattr(shape, "__iter__") and not isinstance(shape, (str, bytes))
+            dims = list(shape) if iterable else shape  # type: ignore[arg-type]
+        return np.asarray(self._w.buffer(dims, _dtype_name(dtype, "Worker.buffer: dtype")))
 
     def run(
         self,
@@ -155,16 +202,24 @@ class Worker:
     ) -> Dict[str, int]:
         """Calls ``orch_fn(orch, args)``, which submits tasks through ``orch``, then runs them
         to completion (the GIL is released meanwhile). Returns ``{"tasks": n}``. With
-        ``trace``, writes a Chrome trace of the host and every chip to that path."""
-        return self._w.run(orch_fn, args, None if trace is None else _os.fspath(trace))
+        ``trace``, writes a Chrome trace of the host and every chip to that path.
+
+        Ctrl-C raises :class:`KeyboardInterrupt` at once: the run is aborted (every child is
+        killed) and the Worker cannot run again; closing it (or leaving its ``with`` block)
+        reaps the children and removes its shared memory."""
+        if trace is not None and not isinstance(trace, (str, bytes, _os.PathLike)):
+            raise TypeError(f"trace must be a path (str or os.PathLike), not {type(trace).__name__}")
+        return self._w.run(orch_fn, args, None if trace is None else _os.fsdecode(trace))
 
     def chip_context(self, chip: int) -> Dict[str, Any]:
         """Chip ``chip``'s rank, size, window bytes and buffers ``(name, dtype, count, offset)``."""
         return self._w.chip_context(chip)
 
     def close(self) -> None:
-        """Stops every child process."""
-        self._w.close()
+        """Stops every child process and removes the Worker's shared memory (twice is fine)."""
+        w = getattr(self, "_w", None)
+        if w is not None:
+            w.close()
 
     def __enter__(self) -> "Worker":
         return self
@@ -188,31 +243,60 @@ class Comm:
         return self._c.size
 
     def barrier(self) -> None:
+        """Waits until every rank has called it."""
         self._c.barrier()
 
     def allreduce(self, a: np.ndarray, op: str = "sum") -> np.ndarray:
-        """Reduces ``a`` (float32, float64, int32 or int64) over every rank, in place."""
+        """Reduces ``a`` (float32, float64, int32 or int64) over every rank, in place (``a``
+        must be writable). Every rank passes the same length, dtype and ``op``."""
+        _check_array(a, "comm.allreduce: a", writable=True)
         flat = np.ascontiguousarray(a)
         out = self._c.allreduce_bytes(flat.tobytes(), flat.dtype.name, op)
         a[...] = np.frombuffer(out, dtype=flat.dtype).reshape(a.shape)
         return a
 
     def allgather(self, a: np.ndarray) -> np.ndarray:
-        """Every rank's ``a``, stacked in rank order: shape ``(size, *a.shape)``."""
+        """Every rank's ``a``, stacked in rank order: shape ``(size, *a.shape)`` (a new array;
+        ``a`` may be read-only). Every rank passes the same number of bytes."""
+        _check_array(a, "comm.allgather: a", writable=False)
         flat = np.ascontiguousarray(a)
         out = self._c.allgather_bytes(flat.tobytes())
         return np.frombuffer(out, dtype=flat.dtype).reshape((self.size,) + a.shape).copy()
 
     def broadcast(self, a: np.ndarray, root: int = 0) -> np.ndarray:
-        """Copies ``root``'s ``a`` into every rank's ``a``, in place."""
+        """Copies ``root``'s ``a`` into every rank's ``a``, in place (``a`` must be writable on
+        every rank but ``root``). Every rank passes the same number of bytes and ``root``."""
+        try:
+            mine = _operator.index(root) == self.rank
+        except TypeError:
+            mine = False  # the native module names the bad root
+        _check_array(a, "comm.broadcast: a", writable=not mine)
         flat = np.ascontiguousarray(a)
         out = self._c.broadcast_bytes(flat.tobytes(), root)
-        a[...] = np.frombuffer(out, dtype=flat.dtype).reshape(a.shape)
+        if a.flags.writeable:
+            a[...] = np.frombuffer(out, dtype=flat.dtype).reshape(a.shape)
         return a
 
 
+def _check_array(a: Any, what: str, writable: bool) -> None:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{what} must be a numpy array, not {type(a).__name__}")
+    if writable and not a.flags.writeable:
+        raise ValueError(
+            f"{what} is a read-only array (flags.writeable is False), but the result is written "
+            "into it: pass a writable array"
+        )
+
+
 def run_ranks(n: int, fn: Callable[[Comm], Any]) -> List[Any]:
-    """Runs ``fn(comm)`` on ``n`` ranks (threads of this process; collectives release the GIL)
-    and returns their results in rank order; an exception on a rank raises :class:`PtoError`
-    naming it."""
+    """Runs ``fn(comm)`` on ``n`` ranks (1 to 256 threads of this process; collectives release
+    the GIL) and returns their results in rank order.
+
+    When ranks raise, the first exception (in time) is raised here: the same type, its message
+    prefixed ``"rank R: "``, a ``rank`` attribute, the original exception as ``__cause__``, and
+    the other ranks' exceptions as notes. The first failure aborts the collectives of every
+    other rank, so none waits for its deadline. Ctrl-C raises :class:`KeyboardInterrupt` once
+    the ranks have returned (their collectives fail at once)."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable (fn(comm)), not {type(fn).__name__}")
     return _native.run_ranks(n, lambda c: fn(Comm(c)))

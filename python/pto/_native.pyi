@@ -2,7 +2,12 @@
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, final
 
+from ._errors import CommError as CommError
+from ._errors import PtoError as PtoError
+from ._errors import WorkerError as WorkerError
+
 __all__ = [
+    "__version__",
     "PtoError",
     "WorkerError",
     "CommError",
@@ -15,9 +20,8 @@ __all__ = [
     "kernels",
 ]
 
-class PtoError(Exception): ...
-class WorkerError(PtoError): ...
-class CommError(PtoError): ...
+#: The package version (the crate's, from its Cargo.toml).
+__version__: str
 
 @final
 class SharedBuffer:

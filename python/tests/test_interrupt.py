@@ -1,0 +1,199 @@
+"""Ctrl-C: SIGINT during a Worker run (blocked in Rust without the GIL) or during run_ranks
+collectives raises KeyboardInterrupt within a fraction of a second; the Worker's children are
+reaped and its shared memory removed. Each case runs in a subprocess with a timeout."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux: /dev/shm and /proc")
+
+WORKER_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import pto
+    import numpy as np
+
+    def sleepy(x):
+        time.sleep(30)
+
+    def children():
+        me = str(os.getpid())
+        out = []
+        for p in os.listdir("/proc"):
+            if p.isdigit():
+                try:
+                    with open(f"/proc/{p}/stat") as f:
+                        if f.read().rsplit(")", 1)[1].split()[1] == me:
+                            out.append(int(p))
+                except OSError:
+                    pass
+        return out
+
+    with pto.Worker(chips=2, sub_workers=1, subs={"sleepy": sleepy}) as w:
+        x, y = w.buffer(16), w.buffer(16)
+        print(json.dumps({"pid": os.getpid(), "children": children()}), flush=True)
+        def orch(h, _):
+            h.submit_chip(0, "vector_scale", [pto.IN(x), pto.OUT(y), 1.0])
+            h.submit_sub("sleepy", [pto.IN(y)])
+        try:
+            w.run(orch)
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt at", time.monotonic(), flush=True)
+            raise
+    """
+)
+
+RANKS_SCRIPT = textwrap.dedent(
+    """
+    import json, os, time
+    import pto
+    import numpy as np
+
+    def body(c):
+        if c.rank == 0:
+            print(json.dumps({"pid": os.getpid(), "children": []}), flush=True)
+            time.sleep(60)  # never reaches the collective: the others wait in it
+        x = np.ones(4)
+        c.allreduce(x)
+        return x
+
+    try:
+        pto.run_ranks(3, body)
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt at", time.monotonic(), flush=True)
+        raise
+    """
+)
+
+
+def _pto_segments(pids):
+    shm = Path("/dev/shm")
+    return sorted(
+        p.name for p in shm.glob("pto.*") if p.name.split(".")[1] in {str(x) for x in pids}
+    )
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except OSError:
+        return False
+
+
+def _interrupt(script, group=False, wait_before=1.0):
+    """Starts script, waits for its JSON line, sleeps, sends SIGINT (to its process group when
+    `group`, like a terminal's Ctrl-C) and returns (info, seconds to exit, result)."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        info = json.loads(line)
+        time.sleep(wait_before)
+        t = time.monotonic()
+        if group:
+            os.killpg(p.pid, signal.SIGINT)
+        else:
+            os.kill(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+        took = time.monotonic() - t
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return info, took, p.returncode, line + out, err
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["sigint-to-process", "ctrl-c-to-group"])
+def test_ctrl_c_interrupts_a_worker_run(group):
+    info, took, rc, out, err = _interrupt(WORKER_SCRIPT, group=group)
+    assert "KeyboardInterrupt at" in out, out + err
+    assert rc == -signal.SIGINT, (rc, out, err)
+    assert "KeyboardInterrupt" in err
+    assert took < 3.0, f"took {took:.2f} s to exit"
+    assert len(info["children"]) == 3  # two chips and a sub-worker
+    # Every child is gone (reaped), and no segment of the process or its children is left.
+    assert not [c for c in info["children"] if _alive(c)]
+    assert _pto_segments([info["pid"], *info["children"]]) == []
+    assert "PanicException" not in err and "panicked" not in err, err
+
+
+def test_the_interrupt_is_prompt():
+    script = WORKER_SCRIPT.replace(
+        'print("KeyboardInterrupt at", time.monotonic(), flush=True)',
+        'print("KeyboardInterrupt at", time.monotonic(), flush=True); sys.stdout.flush()',
+    )
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert p.stdout.readline()
+        time.sleep(1.0)
+        sent = time.monotonic()
+        os.kill(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    raised = float(out.split("KeyboardInterrupt at", 1)[1].split()[0])
+    # CLOCK_MONOTONIC is shared by the processes: from the signal to the exception in Python.
+    assert raised - sent < 0.5, f"KeyboardInterrupt {raised - sent:.3f} s after SIGINT"
+
+
+def test_ctrl_c_interrupts_run_ranks_collectives():
+    info, took, rc, out, err = _interrupt(RANKS_SCRIPT.replace("time.sleep(60)", "time.sleep(2)"))
+    # Ranks 1 and 2 wait in the allreduce: the interrupt aborts it at once; rank 0 returns from
+    # its sleep (Python cannot interrupt another thread's sleep) and its collective then fails.
+    assert "KeyboardInterrupt at" in out, out + err
+    assert rc == -signal.SIGINT, (rc, out, err)
+    assert took < 5.0
+    assert "PanicException" not in err and "panicked" not in err, err
+
+
+def test_a_worker_interrupted_once_is_unusable_but_closes_cleanly():
+    script = textwrap.dedent(
+        """
+        import os, signal, threading, time
+        import pto
+
+        def sleepy(x):
+            time.sleep(30)
+
+        w = pto.Worker(chips=1, sub_workers=1, subs={"sleepy": sleepy})
+        x = w.buffer(4)
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT))
+        try:
+            w.run(lambda h, _: h.submit_sub("sleepy", [pto.IN(x)]))
+        except KeyboardInterrupt:
+            print("interrupted")
+        try:
+            w.run(lambda h, _: None)
+        except pto.WorkerError as e:
+            print("then:", e)
+        w.close()
+        w.close()
+        print("closed")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "interrupted"
+    assert lines[1].startswith("then:") and "interrupted" in lines[1], lines
+    assert lines[2] == "closed"
