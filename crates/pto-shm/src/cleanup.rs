@@ -34,10 +34,37 @@ static INSTALLER: AtomicU32 = AtomicU32::new(0);
 /// Set once a signal or [`terminate`] started ending the process.
 static TERMINATING: AtomicBool = AtomicBool::new(false);
 
+/// Segment creations under way in this process (see [`Creating`]).
+static CREATING: AtomicU32 = AtomicU32::new(0);
+
 /// True once this process is being ended by a signal or [`terminate`]: a supervisor thread
 /// seeing its children die should not report that as a failure of theirs.
 pub fn terminating() -> bool {
-    TERMINATING.load(Ordering::Acquire)
+    TERMINATING.load(Ordering::SeqCst)
+}
+
+/// Held while a segment file is being created, so that a signal's cleanup (which may run on
+/// another thread at any moment) waits for the file to exist before it scans `/dev/shm`; once
+/// the process is ending, no new segment may start.
+#[derive(Debug)]
+pub(crate) struct Creating(());
+
+impl Creating {
+    /// `None` when the process is being ended: create nothing.
+    pub(crate) fn begin() -> Option<Creating> {
+        CREATING.fetch_add(1, Ordering::SeqCst);
+        if TERMINATING.load(Ordering::SeqCst) {
+            CREATING.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Creating(()))
+    }
+}
+
+impl Drop for Creating {
+    fn drop(&mut self) {
+        CREATING.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn me() -> u32 {
@@ -118,7 +145,7 @@ pub fn install() {
 }
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    TERMINATING.store(true, Ordering::Release);
+    TERMINATING.store(true, Ordering::SeqCst);
     cleanup();
     if INSTALLER.load(Ordering::Acquire) == me() {
         let name: &[u8] = match sig {
@@ -138,7 +165,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 /// Runs the cleanup (kill registered children, remove their and this process's segments), then
 /// exits with `code` at once, running no destructors.
 pub fn terminate(code: i32) -> ! {
-    TERMINATING.store(true, Ordering::Release);
+    TERMINATING.store(true, Ordering::SeqCst);
     cleanup();
     // SAFETY: _exit does not return.
     unsafe { libc::_exit(code) }
@@ -209,6 +236,14 @@ fn cleanup() {
                 }
             }
         }
+    }
+    // Creations under way on other threads finish their file first (at most 200 ms: one may
+    // be on this very thread, interrupted by this signal); none can start any more.
+    for _ in 0..200 {
+        if CREATING.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        sleep_ms(1);
     }
     remove_segments(me, groups);
 }

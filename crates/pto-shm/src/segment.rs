@@ -183,6 +183,12 @@ impl Segment {
                 bytes: len as u64,
             });
         }
+        // A signal ending this process must see this file, or it must not be made.
+        let _creating = crate::cleanup::Creating::begin().ok_or_else(|| ShmError::Os {
+            op: "shm_open (create)",
+            name: name.to_string(),
+            source: io::Error::other("the process is being ended by a signal"),
+        })?;
         let fd = shm::open(
             name,
             shm::OFlags::CREATE | shm::OFlags::EXCL | shm::OFlags::RDWR,
