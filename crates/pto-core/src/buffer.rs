@@ -1,28 +1,40 @@
 //! Buffers: the memory that tensors view, with run-time borrow tracking.
 //!
-//! This is one of the two modules of `pto-core` allowed to use `unsafe` (the other is
-//! [`crate::view`]). A [`Buffer`] owns (or borrows from an [`ExternalMemory`]) a block of bytes
-//! that kernels on different threads read and write through tensor views.
+//! This is one of the modules of `pto-core` allowed to use `unsafe` (with [`crate::view`] and
+//! the engine's task nodes). A [`Buffer`] owns (or borrows from an [`ExternalMemory`]) a block
+//! of bytes that kernels on different threads read and write through tensor views.
 //!
 //! # Why access is sound
 //!
-//! The DAG engine orders every two tasks whose accesses to the same buffer overlap (read after
-//! write, write after write, write after read). Tasks the user chose not to track (`NO_DEP`
-//! arguments, manual scopes) are still guarded: before a task runs, it registers a *borrow* of
-//! each region it touches, and a write borrow that shares a byte with any other live borrow (or
-//! a read that shares one with a live write) is refused. The test is exact
-//! ([`crate::intersects`]): the engine may let two tasks run together when their views only look
-//! alike (a conservative overlap answer), and that must not count as a race. A refused borrow fails the task with a data-race
-//! error instead of letting two threads alias memory. Host code that reads or writes a buffer
-//! directly ([`crate::Tensor::read`], [`crate::Tensor::write`]) registers borrows the same way.
+//! The DAG engine orders every two of its tasks whose accesses to the same buffer share a byte
+//! (read after write, write after write, write after read). Everything else must not be able
+//! to race with them, and is guarded:
+//!
+//! * **Registered borrows.** Untracked access (`NO_DEP` arguments, manual scopes, host code
+//!   calling [`crate::Tensor::read`] or [`crate::Tensor::write`], tasks of a run that shares the
+//!   buffer with another run) registers a *borrow* of each region it touches in the buffer's
+//!   table. A write borrow that shares a byte with any other live borrow (or a read that shares
+//!   one with a live write) is refused: the task fails with a data-race error instead of two
+//!   threads aliasing memory. The test is exact ([`crate::intersects`]): the engine may let two
+//!   tasks run together when their views only look alike, and that must not count as a race.
+//! * **Announced tasks (the fast path).** A run *owns* the buffers it uses while no other run
+//!   does; its engine-ordered tasks do not register on them (no lock, no shared write per
+//!   task). Instead a core thread announces the task it runs (one word per thread, `SeqCst`)
+//!   and then reads the buffer's count of registered borrows; a registered borrow increments
+//!   that count (`SeqCst`) and then scans every engine's announced tasks. Of the two, one comes
+//!   first, so a collision is always seen by at least one side, which fails.
+//!
+//! So an untracked collision is an error, never a data race, and engine-ordered tasks pay one
+//! store and one load per argument for that promise.
 
 #![allow(unsafe_code)]
 
 use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::Weak;
 
 use parking_lot::Mutex;
 
@@ -103,11 +115,19 @@ struct Borrow {
     write: bool,
 }
 
+// Aligned to a cache line: the orchestrating thread counts references to a buffer (in the
+// `Arc`'s header) for every task while core threads read these fields.
+#[repr(align(64))]
 pub(crate) struct BufferInner {
     id: u64,
     len: usize,
     mem: Memory,
     borrows: Mutex<Vec<Borrow>>,
+    /// Registered borrows (read without the lock by tasks on the fast path).
+    untracked: AtomicU32,
+    /// The run (token nonce) whose engine-ordered tasks use this buffer without registering
+    /// borrows; 0 when none.
+    owner: AtomicU64,
 }
 
 // SAFETY: the raw pointer inside `Memory` is only dereferenced through views whose regions were
@@ -194,6 +214,8 @@ impl Buffer {
                 len,
                 mem,
                 borrows: Mutex::new(Vec::new()),
+                untracked: AtomicU32::new(0),
+                owner: AtomicU64::new(0),
             }),
         }
     }
@@ -235,36 +257,141 @@ impl Buffer {
     }
 
     /// Registers a borrow of `region` under `token`. Several regions may share one token (all the
-    /// arguments of one task); they never conflict with each other.
+    /// arguments of one task); they never conflict with each other. A registered borrow also
+    /// looks at the tasks running now on the fast path (announced, not registered): see the
+    /// module docs.
     pub(crate) fn try_borrow(
         &self,
         token: u64,
         region: &Region,
         write: bool,
     ) -> Result<(), BorrowConflict> {
+        {
+            let mut borrows = self.inner.borrows.lock();
+            for b in borrows.iter() {
+                if b.token != token && (write || b.write) && intersects(region, &b.region) {
+                    return Err(BorrowConflict { other: b.token });
+                }
+            }
+            borrows.push(Borrow {
+                token,
+                region: *region,
+                write,
+            });
+        }
+        // Count it, then look at the announced tasks: of this increment and a task's
+        // announcement, one comes first, so either the task sees the count (and checks the
+        // list above) or this scan sees the task.
+        self.inner.untracked.fetch_add(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(other) = scan_running(self.id(), region, write, token) {
+            self.release_one(token, region);
+            return Err(BorrowConflict { other });
+        }
+        Ok(())
+    }
+
+    fn release_one(&self, token: u64, region: &Region) {
         let mut borrows = self.inner.borrows.lock();
+        if let Some(i) = borrows
+            .iter()
+            .rposition(|b| b.token == token && b.region == *region)
+        {
+            borrows.swap_remove(i);
+            self.inner.untracked.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Drops every borrow registered under `token`.
+    pub(crate) fn release(&self, token: u64) {
+        let mut borrows = self.inner.borrows.lock();
+        let before = borrows.len();
+        borrows.retain(|b| b.token != token);
+        let n = (before - borrows.len()) as u32;
+        if n > 0 {
+            self.inner.untracked.fetch_sub(n, Ordering::SeqCst);
+        }
+    }
+
+    /// For an engine-ordered task on the fast path, after it announced itself: the registered
+    /// borrow (if any) it collides with. Costs one load when nothing is registered.
+    pub(crate) fn check_untracked(
+        &self,
+        token: u64,
+        region: &Region,
+        write: bool,
+    ) -> Result<(), BorrowConflict> {
+        if self.inner.untracked.load(Ordering::SeqCst) == 0 {
+            return Ok(());
+        }
+        let borrows = self.inner.borrows.lock();
         for b in borrows.iter() {
             if b.token != token && (write || b.write) && intersects(region, &b.region) {
                 return Err(BorrowConflict { other: b.token });
             }
         }
-        borrows.push(Borrow {
-            token,
-            region: *region,
-            write,
-        });
         Ok(())
     }
 
-    /// Drops every borrow registered under `token`.
-    pub(crate) fn release(&self, token: u64) {
-        self.inner.borrows.lock().retain(|b| b.token != token);
+    /// Lets run `nonce` use this buffer on the fast path: `Some(true)` when it just claimed it,
+    /// `Some(false)` when it had it, `None` when another run has it.
+    pub(crate) fn claim_owner(&self, nonce: u64) -> Option<bool> {
+        // A load first: the common answer ("ours already") writes nothing, so the line stays
+        // shared with the core threads that read this buffer's counters.
+        match self.inner.owner.load(Ordering::Acquire) {
+            o if o == nonce => return Some(false),
+            0 => {}
+            _ => return None,
+        }
+        match self
+            .inner
+            .owner
+            .compare_exchange(0, nonce, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Some(true),
+            Err(o) if o == nonce => Some(false),
+            Err(_) => None,
+        }
+    }
+
+    /// Run `nonce` is over: another run may claim the buffer.
+    pub(crate) fn release_owner(&self, nonce: u64) {
+        let _ = self
+            .inner
+            .owner
+            .compare_exchange(nonce, 0, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Base address. Dereferencing it is only sound inside an admitted borrow.
     pub(crate) fn base_ptr(&self) -> *mut u8 {
         self.inner.mem.ptr()
     }
+}
+
+/// Something that runs tasks which touch buffers without registering borrows (a chip's engine):
+/// a registered borrow asks it whether one of them collides.
+pub(crate) trait RunningTasks: Send + Sync {
+    /// The token of a running task whose arguments share a byte of `region` of `buffer` in a
+    /// conflicting mode (one of the two writes), other than `token`.
+    fn collides(&self, buffer: u64, region: &Region, write: bool, token: u64) -> Option<u64>;
+}
+
+/// Every live engine of this process.
+static RUNNING: Mutex<Vec<Weak<dyn RunningTasks>>> = Mutex::new(Vec::new());
+
+/// Makes `e`'s running tasks visible to registered borrows (until it drops).
+pub(crate) fn register_running(e: Weak<dyn RunningTasks>) {
+    let mut v = RUNNING.lock();
+    v.retain(|w| w.strong_count() > 0);
+    v.push(e);
+}
+
+fn scan_running(buffer: u64, region: &Region, write: bool, token: u64) -> Option<u64> {
+    let engines: Vec<std::sync::Arc<dyn RunningTasks>> =
+        RUNNING.lock().iter().filter_map(Weak::upgrade).collect();
+    engines
+        .iter()
+        .find_map(|e| e.collides(buffer, region, write, token))
 }
 
 /// A set of borrows taken together and released on drop.
@@ -284,11 +411,6 @@ impl BorrowSet {
             token,
             buffers: smallvec::SmallVec::new(),
         }
-    }
-
-    /// The token all of this set's borrows are registered under.
-    pub(crate) fn token(&self) -> u64 {
-        self.token
     }
 
     /// Adds a borrow; on a conflict, everything taken so far stays registered until drop.

@@ -162,6 +162,9 @@ pub type KernelFn = dyn Fn(&KernelCtx<'_>) -> Result<(), KernelError> + Send + S
 pub struct KernelId(pub u32);
 
 /// A registered kernel: a name, an id, the core kind it runs on, and its body.
+// Aligned to a cache line: the orchestrating thread counts references to it (in the `Arc`'s
+// header) for every task while core threads read its fields.
+#[repr(align(64))]
 pub struct Kernel {
     name: String,
     id: KernelId,
@@ -328,10 +331,10 @@ impl KernelRef for KernelId {
 }
 
 /// A task's arguments after submission: runtime outputs allocated, modes fixed.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Payload {
-    pub(crate) tensors: Vec<(Tensor, ArgMode)>,
-    pub(crate) scalars: Vec<Scalar>,
+    pub(crate) tensors: SmallVec<[(Tensor, ArgMode); 4]>,
+    pub(crate) scalars: SmallVec<[Scalar; 4]>,
     pub(crate) block_num: u32,
     pub(crate) inits: SmallVec<[(usize, OutInit); 2]>,
     pub(crate) deferred: bool,
@@ -347,6 +350,17 @@ pub(crate) struct Registrations {
     pub(crate) tokens: u32,
     /// Deadline for the expected token posts (the earliest of the registrations).
     pub(crate) token_deadline: Option<Instant>,
+}
+
+impl Registrations {
+    /// Adds what another block of the same task registered.
+    pub(crate) fn merge(&mut self, other: Registrations) {
+        self.conds.extend(other.conds);
+        self.tokens += other.tokens;
+        if let Some(d) = other.token_deadline {
+            self.token_deadline = Some(self.token_deadline.map_or(d, |x| x.min(d)));
+        }
+    }
 }
 
 impl fmt::Debug for Registrations {

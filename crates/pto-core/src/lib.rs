@@ -53,7 +53,8 @@ mod chip;
 pub mod config;
 mod deferred;
 mod dtype;
-mod engine;
+#[doc(hidden)]
+pub mod engine;
 mod error;
 mod kernel;
 mod tensor;

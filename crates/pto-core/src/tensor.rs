@@ -281,6 +281,10 @@ pub fn overlap(a: &Region, b: &Region) -> Overlap {
     if a.numel() == 0 || b.numel() == 0 {
         return Overlap::Disjoint;
     }
+    if a == b {
+        // The same view again (a chain of updates of one tensor): the common case.
+        return Overlap::Covers;
+    }
     let (a0, a1) = a.byte_range();
     let (b0, b1) = b.byte_range();
     if a1 <= b0 || b1 <= a0 {

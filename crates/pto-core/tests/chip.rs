@@ -938,3 +938,54 @@ fn probe_run_fixed_cost() {
         eprintln!("{name}: median {:.2} us", v[v.len() / 2]);
     }
 }
+
+/// Timing probe of the engine on threads: the fan of `pto bench dag`, run by hand in release
+/// mode (`cargo test --release -p pto-core --test chip probe_fan -- --ignored --nocapture`).
+#[test]
+#[ignore = "timing probe"]
+fn probe_fan() {
+    let mut k = KernelRegistry::new();
+    k.register("fan", CoreKind::Aiv, |ctx| {
+        let v = ctx.input::<i64>(0)?.get(&[0]).unwrap_or(0);
+        ctx.output::<i64>(1)?.fill(v + 1);
+        Ok(())
+    })
+    .unwrap();
+    let k = std::sync::Arc::new(k);
+    let chip = Chip::builder()
+        .aic_cores(2)
+        .aiv_cores(4)
+        .threads(2)
+        .build()
+        .unwrap();
+    let n = 200_000;
+    let mut all = Vec::new();
+    for _ in 0..10 {
+        let c1 = Tensor::zeros(&[1], DType::I64).unwrap();
+        let cs = Tensor::zeros(&[n], DType::I64).unwrap();
+        let t = std::time::Instant::now();
+        chip.run(&Program::new("fan", k.clone(), move |o| {
+            let mut i = 0;
+            while i < n {
+                let end = (i + 1024).min(n);
+                o.scope(|o| {
+                    for j in i..end {
+                        let e = cs.view(&[1], &[j])?;
+                        o.submit("fan", TaskArgs::new().input(&c1).output_existing(&e))?;
+                    }
+                    Ok(())
+                })?;
+                i = end;
+            }
+            Ok(())
+        }))
+        .unwrap();
+        all.push(t.elapsed().as_secs_f64() * 1e9 / n as f64);
+    }
+    all.sort_by(f64::total_cmp);
+    eprintln!(
+        "fan: min {:.0} median {:.0} ns/task",
+        all[0],
+        all[all.len() / 2]
+    );
+}

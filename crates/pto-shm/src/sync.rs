@@ -2,9 +2,14 @@
 //! signal protocols can be model-checked.
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+#[cfg(loom)]
+pub use loom::sync::Mutex;
 #[cfg(not(loom))]
-pub use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+/// A mutex (loom's under `cfg(loom)`, whose `lock` returns a `Result` like std's).
+#[cfg(not(loom))]
+pub use std::sync::Mutex;
 
 /// Parking primitives the protocols need from a 32-bit word.
 pub trait Park {
@@ -12,6 +17,9 @@ pub trait Park {
     fn park(&self, expected: u32, slice: std::time::Duration);
     /// Wakes every sleeper on the word.
     fn unpark_all(&self);
+    /// Wakes one sleeper on the word (any one: callers park on a word only when every sleeper
+    /// on it is as good as any other).
+    fn unpark_one(&self);
 }
 
 #[cfg(not(loom))]
@@ -21,6 +29,9 @@ impl Park for AtomicU32 {
     }
     fn unpark_all(&self) {
         crate::futex::wake_all(self);
+    }
+    fn unpark_one(&self) {
+        crate::futex::wake(self, 1);
     }
 }
 
@@ -50,6 +61,11 @@ impl Park for AtomicU32 {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         cv.notify_all();
+    }
+    /// One wait queue serves every word in the model, so waking "one" could pick a sleeper of
+    /// another word: wake them all (a spurious wake-up, which callers tolerate).
+    fn unpark_one(&self) {
+        self.unpark_all();
     }
 }
 

@@ -28,17 +28,58 @@ fn bench_kernels() -> anyhow::Result<KernelRegistry> {
         ctx.output::<i64>(1)?.fill(v + 1);
         Ok(())
     })?;
+    // out = a + b + 1 (the diamond's task: two inputs from the layer before).
+    k.register("join", CoreKind::Aiv, |ctx| {
+        let a = ctx.input::<i64>(0)?.iter().next().unwrap_or(0);
+        let b = ctx.input::<i64>(1)?.iter().next().unwrap_or(0);
+        ctx.output::<i64>(2)?
+            .fill(a.wrapping_add(b).wrapping_add(1));
+        Ok(())
+    })?;
+    // Busy-waits for scalar 0 nanoseconds, then writes 1 (the granularity probe's task).
+    k.register("busy", CoreKind::Aiv, |ctx| {
+        let ns = ctx.scalar::<u64>(0)?;
+        let t = Instant::now();
+        while (t.elapsed().as_nanos() as u64) < ns {
+            std::hint::spin_loop();
+        }
+        ctx.output::<i64>(0)?.fill(1);
+        Ok(())
+    })?;
     Ok(k)
 }
 
-/// Runs one pattern and returns nanoseconds per task.
-fn pattern(chip: &Chip, name: &str, n: usize) -> anyhow::Result<f64> {
+/// Context switches of this process so far (every thread's, voluntary and not), from
+/// `/proc/self/task/*/status`.
+fn context_switches() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .map(|s| {
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// Width of the diamond's layers.
+const WIDTH: usize = 8;
+
+/// Runs one pattern; returns nanoseconds per task and context switches per task.
+fn pattern(chip: &Chip, name: &str, n: usize, busy_ns: u64) -> anyhow::Result<(f64, f64)> {
     let cell = Tensor::zeros(&[1], DType::I64)?;
     let cells = Tensor::zeros(&[n.max(1)], DType::I64)?;
-    let (c1, cs) = (cell.clone(), cells.clone());
-    let chain = name == "chain";
+    // The diamond's two layers, reused in turn.
+    let layers = Tensor::zeros(&[2, WIDTH], DType::I64)?;
+    let (c1, cs, ls) = (cell.clone(), cells.clone(), layers.clone());
+    let name2 = name.to_string();
     let program = Program::new(name, bench_kernels()?, move |o| {
-        if !chain {
+        if name2 != "chain" {
             o.submit("set1", TaskArgs::new().output_existing(&c1))?;
         }
         let mut i = 0;
@@ -46,11 +87,31 @@ fn pattern(chip: &Chip, name: &str, n: usize) -> anyhow::Result<f64> {
             let end = (i + SCOPE).min(n);
             o.scope(|o| {
                 for j in i..end {
-                    if chain {
-                        o.submit("inc", TaskArgs::new().inout(&c1))?;
-                    } else {
-                        let e = cs.view(&[1], &[j])?;
-                        o.submit("fan", TaskArgs::new().input(&c1).output_existing(&e))?;
+                    match name2.as_str() {
+                        "chain" => {
+                            o.submit("inc", TaskArgs::new().inout(&c1))?;
+                        }
+                        "diamond" => {
+                            // Task j is column j % WIDTH of layer j / WIDTH: it reads columns
+                            // c and c + 1 of the layer before.
+                            let (layer, c) = (j / WIDTH, j % WIDTH);
+                            let (src, dst) = ((layer + 1) % 2, layer % 2);
+                            let a = ls.view(&[1, 1], &[src, c])?;
+                            let b = ls.view(&[1, 1], &[src, (c + 1) % WIDTH])?;
+                            let out = ls.view(&[1, 1], &[dst, c])?;
+                            o.submit(
+                                "join",
+                                TaskArgs::new().input(&a).input(&b).output_existing(&out),
+                            )?;
+                        }
+                        "busy" => {
+                            let e = cs.view(&[1], &[j])?;
+                            o.submit("busy", TaskArgs::new().output_existing(&e).scalar(busy_ns))?;
+                        }
+                        _ => {
+                            let e = cs.view(&[1], &[j])?;
+                            o.submit("fan", TaskArgs::new().input(&c1).output_existing(&e))?;
+                        }
                     }
                 }
                 Ok(())
@@ -59,19 +120,78 @@ fn pattern(chip: &Chip, name: &str, n: usize) -> anyhow::Result<f64> {
         }
         Ok(())
     });
+    let cs0 = context_switches();
     let t = Instant::now();
     chip.run(&program)?;
     let ns = t.elapsed().as_secs_f64() * 1e9 / n.max(1) as f64;
+    let switches = (context_switches().saturating_sub(cs0)) as f64 / n.max(1) as f64;
     // Check the work was done, so the benchmark cannot pass on a no-op.
-    if chain {
-        let v = cell.read::<i64>()?[0];
-        if v != n as i64 {
-            bail!("chain computed {v}, expected {n}");
+    match name {
+        "chain" => {
+            let v = cell.read::<i64>()?[0];
+            if v != n as i64 {
+                bail!("chain computed {v}, expected {n}");
+            }
         }
-    } else if cells.read::<i64>()?.iter().any(|&v| v != 2) {
-        bail!("fan computed a wrong cell");
+        "diamond" => {
+            let want = diamond_reference(n);
+            let got = layers.read::<i64>()?;
+            if got != want {
+                bail!("diamond computed {got:?}, expected {want:?}");
+            }
+        }
+        "busy" => {
+            if cells.read::<i64>()?.iter().any(|&v| v != 1) {
+                bail!("a busy task did not run");
+            }
+        }
+        _ => {
+            if cells.read::<i64>()?.iter().any(|&v| v != 2) {
+                bail!("fan computed a wrong cell");
+            }
+        }
     }
-    Ok(ns)
+    Ok((ns, switches))
+}
+
+/// The diamond's two layers after `n` tasks, computed sequentially.
+fn diamond_reference(n: usize) -> Vec<i64> {
+    let mut l = vec![0i64; 2 * WIDTH];
+    for j in 0..n {
+        let (layer, c) = (j / WIDTH, j % WIDTH);
+        let (src, dst) = ((layer + 1) % 2, layer % 2);
+        let v = l[src * WIDTH + c]
+            .wrapping_add(l[src * WIDTH + (c + 1) % WIDTH])
+            .wrapping_add(1);
+        l[dst * WIDTH + c] = v;
+    }
+    l
+}
+
+/// The smallest busy-wait task (doubling from 250 ns) at which the chip's threads, running a
+/// 1 -> N fan of such tasks, reach half their ideal throughput (Task Bench's METG(50%)).
+/// Returns the task length and the efficiency measured at each length.
+/// A granularity measurement: the smallest task length that reached 50%, and the efficiency at
+/// every length tried.
+type Granularity = (Option<u64>, Vec<(u64, f64)>);
+
+fn granularity(chip: &Chip, threads: usize) -> anyhow::Result<Granularity> {
+    let mut seen = Vec::new();
+    let mut d = 250u64;
+    while d <= 1 << 20 {
+        // About 60 ms of ideal work per measurement.
+        let n = ((60_000_000 * threads as u64) / d).clamp(2_000, 200_000) as usize;
+        pattern(chip, "busy", n.min(2_000), d)?; // warm-up
+        let (ns, _) = pattern(chip, "busy", n, d)?;
+        let ideal = d as f64 / threads as f64;
+        let eff = ideal / ns;
+        seen.push((d, eff));
+        if eff >= 0.5 {
+            return Ok((Some(d), seen));
+        }
+        d *= 2;
+    }
+    Ok((None, seen))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -112,12 +232,16 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     let reps = a.reps.max(1);
     let mut results = Vec::new();
-    for name in ["chain", "fan"] {
-        pattern(&chip, name, a.tasks.min(10_000))?; // warm-up
-        let ns: Vec<f64> = (0..reps)
-            .map(|_| pattern(&chip, name, a.tasks))
+    for name in ["chain", "fan", "diamond"] {
+        pattern(&chip, name, a.tasks.min(10_000), 0)?; // warm-up
+        let runs: Vec<(f64, f64)> = (0..reps)
+            .map(|_| pattern(&chip, name, a.tasks, 0))
             .collect::<anyhow::Result<_>>()?;
-        results.push((name, median(ns)));
+        results.push((
+            name,
+            median(runs.iter().map(|r| r.0).collect()),
+            median(runs.iter().map(|r| r.1).collect()),
+        ));
     }
     let baseline = match &a.omp_anchor {
         Some(p) => {
@@ -131,12 +255,17 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    for (i, (name, ns)) in results.iter().enumerate() {
-        let base = baseline.map(|b| if i == 0 { b.0 } else { b.1 });
+    for (name, ns, switches) in &results {
+        let base = baseline.and_then(|b| match *name {
+            "chain" => Some(b.0),
+            "fan" => Some(b.1),
+            _ => None,
+        });
         if a.json {
             let mut v = json!({
                 "bench": "dag", "pattern": name, "tasks": a.tasks, "threads": threads,
                 "ns_per_task": (ns * 10.0).round() / 10.0,
+                "context_switches_per_task": (switches * 10_000.0).round() / 10_000.0,
             });
             if let Some(b) = base {
                 v["openmp_ns_per_task"] = json!(b);
@@ -145,13 +274,39 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             println!("{v}");
         } else {
             print!(
-                "{name:<6} {ns:>9.1} ns/task ({} tasks, {threads} threads)",
+                "{name:<8} {ns:>9.1} ns/task, {switches:.4} context switches/task ({} tasks, {threads} threads)",
                 a.tasks
             );
             if let Some(b) = base {
                 print!("   OpenMP {b:.1} ns/task, ratio {:.3}", ns / b);
             }
             println!();
+        }
+    }
+    let (min, seen) = granularity(&chip, threads)?;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "bench": "dag_granularity", "threads": threads,
+                "min_task_ns": min,
+                "efficiency": seen.iter().map(|(d, e)| json!({"task_ns": d, "efficiency": (e * 1000.0).round() / 1000.0})).collect::<Vec<_>>(),
+            })
+        );
+    } else {
+        let steps: Vec<String> = seen
+            .iter()
+            .map(|(d, e)| format!("{d} ns: {:.0}%", e * 100.0))
+            .collect();
+        match min {
+            Some(d) => println!(
+                "granularity: 50% efficiency from {d} ns tasks on {threads} threads ({})",
+                steps.join(", ")
+            ),
+            None => println!(
+                "granularity: 50% not reached up to 1 ms tasks ({})",
+                steps.join(", ")
+            ),
         }
     }
     Ok(ExitCode::SUCCESS)

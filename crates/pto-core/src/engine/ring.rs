@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 
+use super::TaskRef;
 use crate::buffer::{AllocError, Buffer};
 
 /// Alignment of every runtime-allocated output inside a ring heap.
@@ -17,8 +18,8 @@ pub(crate) struct Ring {
     pub(crate) window: usize,
     pub(crate) heap_size: usize,
     heap: Option<Buffer>,
-    /// Live task ids in submission order.
-    pub(crate) live: VecDeque<u64>,
+    /// Live tasks in submission order.
+    pub(crate) live: VecDeque<TaskRef>,
     /// `(task, start, end)` of live allocations, oldest first.
     allocs: VecDeque<(u64, usize, usize)>,
     pub(crate) peak_bytes: usize,
@@ -103,20 +104,20 @@ impl Ring {
     }
 
     /// Commits a placement returned by [`Ring::try_place`] for `task`.
-    pub(crate) fn commit(&mut self, task: u64, start: usize, bytes: usize) {
+    pub(crate) fn commit(&mut self, task: TaskRef, start: usize, bytes: usize) {
         self.live.push_back(task);
         if bytes > 0 {
-            self.allocs.push_back((task, start, start + bytes));
+            self.allocs.push_back((task.id, start, start + bytes));
         }
         self.peak_tasks = self.peak_tasks.max(self.live.len());
         self.peak_bytes = self.peak_bytes.max(self.used_bytes());
     }
 
     /// Removes the oldest task, which must be `task`, and frees its bytes.
-    pub(crate) fn pop_front(&mut self, task: u64) {
+    pub(crate) fn pop_front(&mut self, task: TaskRef) {
         debug_assert_eq!(self.live.front(), Some(&task));
         self.live.pop_front();
-        if self.allocs.front().map(|a| a.0) == Some(task) {
+        if self.allocs.front().map(|a| a.0) == Some(task.id) {
             self.allocs.pop_front();
         }
     }
@@ -126,25 +127,32 @@ impl Ring {
 mod tests {
     use super::*;
 
+    fn t(id: u64) -> TaskRef {
+        TaskRef {
+            slot: id as u32,
+            id,
+        }
+    }
+
     #[test]
     fn wraps_without_straddling() {
         let mut r = Ring::new(100, 256);
         assert_eq!(r.try_place(100), Ok(0));
-        r.commit(1, 0, 100);
+        r.commit(t(1), 0, 100);
         assert_eq!(r.try_place(100), Ok(100));
-        r.commit(2, 100, 100);
+        r.commit(t(2), 100, 100);
         // 56 bytes left at the end; 100 do not fit there nor before the oldest (start 0).
         assert_eq!(r.try_place(100), Err(Full::Heap));
-        r.pop_front(1);
+        r.pop_front(t(1));
         // Now [0, 100) is free: wrap to 0.
         assert_eq!(r.try_place(100), Ok(0));
-        r.commit(3, 0, 100);
+        r.commit(t(3), 0, 100);
         // Wrapped: only [100, 100) between back.end and front.start.
         assert_eq!(r.try_place(1), Err(Full::Heap));
-        r.pop_front(2);
+        r.pop_front(t(2));
         assert_eq!(r.try_place(156), Ok(100));
         assert_eq!(r.try_place(157), Err(Full::Heap));
-        r.pop_front(3);
+        r.pop_front(t(3));
         assert_eq!(r.try_place(256), Ok(0));
         assert_eq!(r.try_place(257), Err(Full::Heap));
     }
@@ -152,12 +160,12 @@ mod tests {
     #[test]
     fn window_limits_live_tasks() {
         let mut r = Ring::new(4, 0);
-        for t in 0..3 {
+        for n in 0..3 {
             assert_eq!(r.try_place(0), Ok(0));
-            r.commit(t, 0, 0);
+            r.commit(t(n), 0, 0);
         }
         assert_eq!(r.try_place(0), Err(Full::Tasks));
-        r.pop_front(0);
+        r.pop_front(t(0));
         assert_eq!(r.try_place(0), Ok(0));
     }
 }

@@ -6,24 +6,43 @@
 //! bytes is never dropped), when a later writer covers them, or lazily when a query meets an
 //! entry whose task has retired. See `docs/design/dependency-engine.md`.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
+use super::TaskRef;
 use crate::tensor::{overlap, Overlap, Region};
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    task: u64,
+    /// `(first byte, insertion sequence)`: the sort key.
+    key: (usize, u64),
+    task: TaskRef,
     region: Region,
 }
 
-/// The entries of one buffer, readers and writers apart: a read only has to look at writers,
-/// so many concurrent readers of one tensor cost nothing to later readers.
+/// The entries of one buffer's readers or writers, sorted by first byte. A deque: tasks are
+/// mostly inserted in address order and retired oldest first, so both ends are cheap, and an
+/// emptied side keeps its memory (a chain on one tensor allocates nothing per task).
 #[derive(Default, Debug)]
 struct Side {
-    entries: BTreeMap<(usize, u64), Entry>,
+    entries: VecDeque<Entry>,
     max_len: usize,
+}
+
+impl Side {
+    /// Index of the first entry whose key is not below `k`.
+    fn lower_bound(&self, k: (usize, u64)) -> usize {
+        self.entries.partition_point(|e| e.key < k)
+    }
+
+    fn remove(&mut self, k: (usize, u64)) {
+        let i = self.lower_bound(k);
+        if self.entries.get(i).is_some_and(|e| e.key == k) {
+            self.entries.remove(i);
+        }
+    }
 }
 
 #[derive(Default, Debug)]
@@ -73,8 +92,8 @@ impl TensorMap {
         buffer: u64,
         region: &Region,
         write: bool,
-        mut live: impl FnMut(u64) -> Liveness,
-        deps: &mut impl Extend<u64>,
+        mut live: impl FnMut(TaskRef) -> Liveness,
+        deps: &mut SmallVec<[TaskRef; 8]>,
     ) {
         let Some(idx) = self.bufs.get_mut(&buffer) else {
             return;
@@ -85,30 +104,35 @@ impl TensorMap {
         }
         // A read looks at writers only; a write at both.
         for side in &mut idx.sides[usize::from(!write)..] {
+            if side.entries.is_empty() {
+                continue;
+            }
             let lo = s.saturating_sub(side.max_len);
-            let mut dead: smallvec::SmallVec<[(usize, u64); 8]> = smallvec::SmallVec::new();
-            for (key, ent) in side.entries.range((lo, 0)..(e, 0)) {
+            let first = side.lower_bound((lo, 0));
+            let mut dead: SmallVec<[usize; 8]> = SmallVec::new();
+            for (i, ent) in side.entries.range(first..).enumerate() {
+                if ent.key.0 >= e {
+                    break;
+                }
                 let state = live(ent.task);
                 if state == Liveness::Retired {
-                    dead.push(*key);
+                    dead.push(first + i);
                     continue;
                 }
                 match overlap(region, &ent.region) {
                     Overlap::Disjoint => {}
                     o => {
-                        deps.extend(Some(ent.task));
+                        deps.push(ent.task);
                         if write && o == Overlap::Covers && state == Liveness::Live {
-                            dead.push(*key);
+                            dead.push(first + i);
                         }
                     }
                 }
             }
-            for k in dead {
-                side.entries.remove(&k);
+            // Back to front, so the indices stay valid.
+            for &i in dead.iter().rev() {
+                side.entries.remove(i);
             }
-        }
-        if idx.is_empty() {
-            self.bufs.remove(&buffer);
         }
     }
 
@@ -118,19 +142,25 @@ impl TensorMap {
         buffer: u64,
         region: &Region,
         write: bool,
-        task: u64,
+        task: TaskRef,
     ) -> EntryKey {
         let (s, e) = region.byte_range();
         self.seq += 1;
+        let key = (s, self.seq);
         let side = &mut self.bufs.entry(buffer).or_default().sides[usize::from(write)];
         side.max_len = side.max_len.max(e - s);
-        side.entries.insert(
-            (s, self.seq),
-            Entry {
-                task,
-                region: *region,
-            },
-        );
+        let ent = Entry {
+            key,
+            task,
+            region: *region,
+        };
+        // Usually past the last entry (increasing addresses, increasing sequence).
+        if side.entries.back().is_none_or(|b| b.key < key) {
+            side.entries.push_back(ent);
+        } else {
+            let i = side.lower_bound(key);
+            side.entries.insert(i, ent);
+        }
         EntryKey {
             buffer,
             write,
@@ -139,12 +169,10 @@ impl TensorMap {
         }
     }
 
-    /// Removes one entry (if still present).
+    /// Removes one entry (if still present); a buffer with no entry left is forgotten.
     pub(crate) fn remove(&mut self, key: EntryKey) {
         if let Some(idx) = self.bufs.get_mut(&key.buffer) {
-            idx.sides[usize::from(key.write)]
-                .entries
-                .remove(&(key.start, key.seq));
+            idx.sides[usize::from(key.write)].remove((key.start, key.seq));
             if idx.is_empty() {
                 self.bufs.remove(&key.buffer);
             }

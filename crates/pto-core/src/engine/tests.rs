@@ -1,19 +1,38 @@
-//! Engine-level tests that drive a `Dag` directly, without threads.
+//! Engine-level tests that drive the engine directly from this thread (no core threads): the
+//! orchestrator submits, and `drain` runs every ready block here.
 
+use super::execute::Job;
+use super::submit::{Blocked, Orchestrator, RingConfig};
 use super::*;
-use crate::kernel::Registrations;
+use crate::args::{ArgMode, TaskArgs};
+use crate::error::OrchError;
+use crate::kernel::Kernel;
+use crate::tensor::Tensor;
 use crate::{CoreKind, DType, KernelRegistry};
 
-fn dag() -> Dag {
-    Dag::new(
-        1,
-        2,
+fn engine(aic: u32, aiv: u32, window: usize) -> Arc<Engine> {
+    Arc::new(Engine::new(EngineConfig {
+        aic,
+        aiv,
+        threads: 1,
+        max_slots: NUM_RINGS * window + 64,
+        spin: Duration::ZERO,
+        wait: Duration::from_secs(5),
+        sender: crate::deferred::CompletionSender::new(Arc::new(pto_shm::ring::HeapQueue::new(64))),
+        ext: None,
+    }))
+}
+
+fn orch(e: &Arc<Engine>, window: usize, heap: usize) -> Orchestrator {
+    e.nonce.store(7, Ordering::Relaxed);
+    Orchestrator::new(
+        e.clone(),
         RingConfig {
-            window: 64,
-            heap_bytes: 1 << 16,
+            window,
+            heap_bytes: heap,
             alloc: None,
         },
-        None,
+        7,
     )
 }
 
@@ -23,139 +42,195 @@ fn kernel() -> Arc<Kernel> {
     r.lookup("k").unwrap().clone()
 }
 
-fn submit(d: &mut Dag, args: TaskArgs) -> u64 {
-    let plan = d.plan(Some(kernel()), args).unwrap();
-    let at = d.place(&plan).ok().unwrap();
-    d.commit(plan, at).unwrap().0.get()
+fn submit(o: &mut Orchestrator, args: TaskArgs) -> u64 {
+    let plan = o.plan(Some(kernel()), args).unwrap();
+    let at = o.place(&plan).ok().unwrap();
+    o.commit(plan, at).unwrap().0.get()
+}
+
+/// Takes every ready block without running it yet.
+fn take_all(e: &Engine) -> Vec<Job> {
+    let mut rot = 0;
+    let mut v = Vec::new();
+    while let Some(j) = e.find_work(&mut rot, &mut None) {
+        v.push(j);
+    }
+    v
+}
+
+/// Runs one taken block to completion on this thread; queues whatever it made ready.
+fn run(e: &Engine, j: Job) -> u64 {
+    let id = e.slab.get(j.slot).id.load(Ordering::Relaxed);
+    let mut streak = super::execute::IMMEDIATE_LIMIT;
+    // The streak is spent: consumers are queued, not run here.
+    assert!(e.run_block(0, j, &mut streak).is_none());
+    e.cores.release(j.core);
+    id
 }
 
 /// Runs every ready block to completion, in dispatch order; returns the task order.
-fn drain(d: &mut Dag) -> Vec<u64> {
+fn drain(e: &Engine) -> Vec<u64> {
     let mut order = Vec::new();
-    while let Some(job) = d.next_job() {
-        order.push(job.task);
-        d.finish_block(&job, Ok(()), None, Registrations::default());
+    loop {
+        let jobs = take_all(e);
+        if jobs.is_empty() {
+            return order;
+        }
+        for j in jobs {
+            order.push(run(e, j));
+        }
     }
-    order
+}
+
+fn live(o: &Orchestrator) -> usize {
+    o.live_tasks()
 }
 
 #[test]
 fn entries_leave_the_tensormap_when_tasks_retire() {
-    let mut d = dag();
+    let e = engine(1, 2, 64);
+    let mut o = orch(&e, 64, 1 << 16);
     let t = Tensor::zeros(&[8], DType::F32).unwrap();
-    d.begin_scope(false).unwrap();
+    o.begin_scope(false).unwrap();
     for _ in 0..5 {
-        submit(&mut d, TaskArgs::new().input(&t));
-        submit(&mut d, TaskArgs::new().inout(&t.view(&[4], &[2]).unwrap()));
+        submit(&mut o, TaskArgs::new().input(&t));
+        submit(&mut o, TaskArgs::new().inout(&t.view(&[4], &[2]).unwrap()));
     }
-    assert!(d.tmap.len() > 0);
-    assert_eq!(drain(&mut d).len(), 10);
-    d.end_scope();
-    assert_eq!(d.tmap.len(), 0);
-    assert_eq!(d.nodes.len(), 0);
-    assert_eq!(d.outstanding, 0);
+    assert!(o.tmap_len() > 0);
+    assert_eq!(drain(&e).len(), 10);
+    o.end_scope();
+    assert_eq!(o.tmap_len(), 0);
+    assert_eq!(live(&o), 0);
+    assert_eq!(e.finished_total(), 10);
+    o.close();
 }
 
 #[test]
 fn a_covering_writer_replaces_older_entries_and_retirement_keeps_it() {
-    let mut d = dag();
+    let e = engine(1, 2, 64);
+    let mut o = orch(&e, 64, 1 << 16);
     let t = Tensor::zeros(&[8], DType::F32).unwrap();
-    d.begin_scope(false).unwrap();
+    o.begin_scope(false).unwrap();
     let a = submit(
-        &mut d,
+        &mut o,
         TaskArgs::new().output_existing(&t.view(&[4], &[0]).unwrap()),
     );
-    let b = submit(&mut d, TaskArgs::new().output_existing(&t));
+    let b = submit(&mut o, TaskArgs::new().output_existing(&t));
     // b covers a: a's entry is gone, b's stays.
-    assert_eq!(d.tmap.len(), 1);
-    assert_eq!(drain(&mut d), vec![a, b]);
-    d.end_scope();
+    assert_eq!(o.tmap_len(), 1);
+    assert_eq!(drain(&e), vec![a, b]);
+    o.end_scope();
     // Both retired: nothing left.
-    assert_eq!(d.tmap.len(), 0);
-    // A new writer in a new scope, then the old ones are long gone; a reader depends only on it.
-    d.begin_scope(false).unwrap();
-    let c = submit(&mut d, TaskArgs::new().output_existing(&t));
-    let r = submit(&mut d, TaskArgs::new().input(&t.view(&[2], &[1]).unwrap()));
-    assert_eq!(d.nodes[&r].deps.as_slice(), &[c]);
-    assert_eq!(drain(&mut d), vec![c, r]);
+    assert_eq!(o.tmap_len(), 0);
+    // A new writer in a new scope, then a reader depends only on it.
+    o.begin_scope(false).unwrap();
+    let c = submit(&mut o, TaskArgs::new().output_existing(&t));
+    let r = submit(&mut o, TaskArgs::new().input(&t.view(&[2], &[1]).unwrap()));
+    assert_eq!(o.deps_of(r), vec![c]);
+    assert_eq!(drain(&e), vec![c, r]);
+    o.end_scope();
+    o.close();
 }
 
 #[test]
 fn readers_are_ordered_before_a_later_writer() {
-    let mut d = dag();
+    let e = engine(1, 2, 64);
+    let mut o = orch(&e, 64, 1 << 16);
     let t = Tensor::zeros(&[4], DType::F32).unwrap();
-    let r1 = submit(&mut d, TaskArgs::new().input(&t));
-    let r2 = submit(&mut d, TaskArgs::new().input(&t));
-    let w = submit(&mut d, TaskArgs::new().output_existing(&t));
-    let mut deps = d.nodes[&w].deps.clone();
+    let r1 = submit(&mut o, TaskArgs::new().input(&t));
+    let r2 = submit(&mut o, TaskArgs::new().input(&t));
+    let w = submit(&mut o, TaskArgs::new().output_existing(&t));
+    let mut deps = o.deps_of(w);
     deps.sort_unstable();
-    assert_eq!(deps.as_slice(), &[r1, r2]);
+    assert_eq!(deps, vec![r1, r2]);
     // Readers do not depend on each other.
-    assert!(d.nodes[&r2].deps.is_empty());
+    assert!(o.deps_of(r2).is_empty());
+    drain(&e);
+    o.end_scope();
+    o.close();
 }
 
 #[test]
 fn a_ring_full_of_an_open_scope_is_a_deadlock_not_a_wait() {
-    let mut d = Dag::new(
-        1,
-        1,
-        RingConfig {
-            window: 4,
-            heap_bytes: 1024,
-            alloc: None,
-        },
-        None,
-    );
-    d.begin_scope(false).unwrap();
+    let e = engine(1, 1, 4);
+    let mut o = orch(&e, 4, 1024);
+    o.begin_scope(false).unwrap();
     for _ in 0..3 {
-        submit(&mut d, TaskArgs::new());
+        submit(&mut o, TaskArgs::new());
     }
-    drain(&mut d);
-    let plan = d.plan(Some(kernel()), TaskArgs::new()).unwrap();
+    drain(&e);
+    let plan = o.plan(Some(kernel()), TaskArgs::new()).unwrap();
     assert!(matches!(
-        d.place(&plan),
+        o.place(&plan),
         Err(Blocked::Never(OrchError::ScopeDeadlock { depth: 1, .. }))
     ));
-    d.end_scope();
+    o.end_scope();
     // Once the scope ended, the finished tasks retired and there is room.
-    assert!(d.place(&plan).is_ok());
+    assert!(o.place(&plan).is_ok());
+    o.end_scope();
+    o.close();
+}
+
+#[test]
+fn an_edge_to_a_producer_that_finishes_meanwhile_is_not_lost() {
+    // A consumer submitted while its producer runs gets an edge; one submitted after the
+    // producer finished gets none but is ready at once; both run exactly once.
+    let e = engine(1, 2, 64);
+    let mut o = orch(&e, 64, 1 << 16);
+    let t = Tensor::zeros(&[4], DType::F32).unwrap();
+    let p = submit(&mut o, TaskArgs::new().output_existing(&t));
+    let jobs = take_all(&e);
+    assert_eq!(jobs.len(), 1);
+    let c1 = submit(&mut o, TaskArgs::new().input(&t));
+    assert!(take_all(&e).is_empty(), "c1 must wait for p");
+    assert_eq!(run(&e, jobs[0]), p);
+    let c2 = submit(&mut o, TaskArgs::new().input(&t));
+    let mut order = drain(&e);
+    order.sort_unstable();
+    assert_eq!(order, vec![c1, c2]);
+    o.end_scope();
+    o.close();
 }
 
 #[test]
 #[ignore = "timing probe, run by hand in release mode"]
 fn probe_engine_cost() {
-    let mut d = Dag::new(
-        1,
-        2,
-        RingConfig {
-            window: 4096,
-            heap_bytes: 1 << 20,
-            alloc: None,
-        },
-        None,
-    );
+    let e = engine(1, 2, 4096);
+    let mut o = orch(&e, 4096, 1 << 20);
     let t = Tensor::zeros(&[1], DType::I64).unwrap();
     let k = kernel();
     let n = 200_000;
     let start = std::time::Instant::now();
     let mut i = 0;
+    let mut rot = 0;
+    let mut streak = 0;
     while i < n {
-        d.begin_scope(false).unwrap();
+        o.begin_scope(false).unwrap();
         for _ in 0..1024 {
-            let plan = d.plan(Some(k.clone()), TaskArgs::new().inout(&t)).unwrap();
-            let at = d.place(&plan).ok().unwrap();
-            d.commit(plan, at).unwrap();
-            while let Some(job) = d.next_job() {
-                d.finish_block(&job, Ok(()), None, Registrations::default());
+            let plan = o.plan(Some(k.clone()), TaskArgs::new().inout(&t)).unwrap();
+            let at = o.place(&plan).ok().unwrap();
+            o.commit(plan, at).unwrap();
+            let mut held = None;
+            let mut next = e.find_work(&mut rot, &mut held);
+            while let Some(j) = next {
+                next = e.run_block(0, j, &mut streak);
+                if next.is_none() {
+                    held = Some(j.core);
+                    next = e.find_work(&mut rot, &mut held);
+                }
+            }
+            if let Some(c) = held.take() {
+                e.cores.release(c);
             }
             i += 1;
         }
-        d.end_scope();
+        o.end_scope();
     }
     eprintln!(
         "engine: {:.0} ns/task",
         start.elapsed().as_secs_f64() * 1e9 / n as f64
     );
+    o.close();
 }
 
 /// Every two tasks whose accesses conflict (overlapping elements, one of them a write) must be
@@ -246,13 +321,15 @@ mod ordering {
 
         #[test]
         fn conflicting_tasks_are_always_ordered(steps in prop::collection::vec(arb_step(), 1..60)) {
-            let mut d = Dag::new(1, 4, RingConfig { window: 16, heap_bytes: 1 << 12, alloc: None }, None);
+            let e = engine(1, 4, 16);
+            let mut d = orch(&e, 16, 1 << 12);
             let base = Tensor::zeros(&[N], DType::I64).unwrap();
             // Per task: its elements, whether it writes, its direct predecessors (deps, and every
             // task already finished when it was submitted).
             let mut tasks: Vec<(BTreeSet<usize>, bool, BTreeSet<u64>)> = Vec::new();
             let mut finished: BTreeSet<u64> = BTreeSet::new();
             let mut held: Vec<Job> = Vec::new();
+            let mut ids: Vec<u64> = Vec::new();
             let mut depth = 0;
             for step in &steps {
                 match step {
@@ -270,30 +347,29 @@ mod ordering {
                                 Err(Blocked::Never(_)) => break None,
                                 Err(Blocked::Wait(_)) => {
                                     // Finish everything in flight to make room.
-                                    while let Some(j) = d.next_job() { held.push(j); }
+                                    held.extend(take_all(&e));
                                     if held.is_empty() { break None; }
                                     for j in held.drain(..) {
-                                        d.finish_block(&j, Ok(()), None, Registrations::default());
-                                        finished.insert(j.task);
+                                        finished.insert(run(&e, j));
                                     }
                                 }
                             }
                         };
                         let Some(at) = at else { continue };
                         let (id, _) = d.commit(plan, at).unwrap();
-                        let mut preds: BTreeSet<u64> = d.nodes[&id.get()].deps.iter().copied().collect();
+                        ids.push(id.get());
+                        let mut preds: BTreeSet<u64> = d.deps_of(id.get()).into_iter().collect();
                         preds.extend(finished.iter().copied());
                         tasks.push((elements(&t), *mode != ArgMode::In, preds));
                     }
                     Step::Finish(n, seed) => {
-                        while let Some(j) = d.next_job() { held.push(j); }
+                        held.extend(take_all(&e));
                         let mut s = *seed;
                         for _ in 0..*n {
                             if held.is_empty() { break; }
                             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                             let j = held.swap_remove((s >> 33) as usize % held.len());
-                            d.finish_block(&j, Ok(()), None, Registrations::default());
-                            finished.insert(j.task);
+                            finished.insert(run(&e, j));
                         }
                     }
                     Step::Open => { d.begin_scope(false).unwrap(); depth += 1; }
@@ -301,6 +377,16 @@ mod ordering {
                     Step::Close => {}
                 }
             }
+            // Finish what is left, so the run ends cleanly.
+            loop {
+                held.extend(take_all(&e));
+                if held.is_empty() { break; }
+                for j in held.drain(..) { run(&e, j); }
+            }
+            while d.depth() > 0 { d.end_scope(); }
+            d.end_scope();
+            d.close();
+            let _ = ids;
             // Transitive closure of "ordered before", in submission order (ids are dense here).
             let mut before: Vec<BTreeSet<u64>> = Vec::new();
             for (_, _, preds) in &tasks {
@@ -324,4 +410,20 @@ mod ordering {
             }
         }
     }
+}
+
+#[test]
+#[ignore = "prints sizes"]
+fn print_sizes() {
+    eprintln!(
+        "Tensor {} TensorArg {} Region {} Body {} Slot {} Payload {} TaskArgs {} Scalar {}",
+        std::mem::size_of::<Tensor>(),
+        std::mem::size_of::<crate::args::TensorArg>(),
+        std::mem::size_of::<crate::tensor::Region>(),
+        std::mem::size_of::<super::slab::Body>(),
+        std::mem::size_of::<super::slab::Slot>(),
+        std::mem::size_of::<crate::kernel::Payload>(),
+        std::mem::size_of::<TaskArgs>(),
+        std::mem::size_of::<crate::args::Scalar>(),
+    );
 }

@@ -1,0 +1,272 @@
+//! The orchestration API: submit tasks, open scopes, read results. It runs on the thread that
+//! called `Chip::run` and owns the run's TensorMap, rings and scopes.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::ChipConfig;
+use crate::args::{TaskArgs, TaskId};
+use crate::dtype::Element;
+use crate::engine::submit::{Blocked, Orchestrator};
+use crate::engine::sync::{AtomicU32, Park};
+use crate::engine::{remaining, Engine};
+use crate::error::OrchError;
+use crate::kernel::{KernelRef, KernelRegistry};
+use crate::tensor::Tensor;
+
+/// What a submit returns: the task and its runtime-allocated outputs, in argument order.
+#[derive(Clone, Debug)]
+pub struct Submitted {
+    /// The task.
+    pub task: TaskId,
+    /// The outputs the runtime allocated (the task's `output(...)` arguments), in order.
+    pub outputs: Vec<Tensor>,
+}
+
+impl Submitted {
+    /// Output `i`.
+    ///
+    /// # Errors
+    ///
+    /// [`OrchError::Other`] when the task has fewer outputs.
+    pub fn out(&self, i: usize) -> Result<Tensor, OrchError> {
+        self.outputs.get(i).cloned().ok_or_else(|| {
+            OrchError::msg(format!(
+                "task {} has {} runtime output(s), asked for output {i}",
+                self.task,
+                self.outputs.len()
+            ))
+        })
+    }
+}
+
+/// Parks the orchestrating thread until `engine.finished` reaches `at` (or `timeout` passes,
+/// or the cores run out of work). The store of `wake_at` and the re-check of `finished` pair
+/// with the completing thread's increment and load (both `SeqCst`), so the wake-up is not lost.
+pub(crate) fn park_until(engine: &Engine, at: u64, timeout: Duration) {
+    let word: &AtomicU32 = &engine.orch.word;
+    let seen = word.load(crate::engine::sync::Ordering::Acquire);
+    engine.orch.wake_at.store(at, Ordering::SeqCst);
+    if engine.finished_total() < at {
+        word.park(seen, timeout);
+    }
+    engine.orch.wake_at.store(u64::MAX, Ordering::SeqCst);
+}
+
+/// The orchestration API: submit tasks, open scopes, read results.
+pub struct Orch<'a> {
+    engine: &'a Engine,
+    kernels: &'a KernelRegistry,
+    state: Orchestrator,
+    wait: Duration,
+    spin: Duration,
+}
+
+impl fmt::Debug for Orch<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Orch").finish_non_exhaustive()
+    }
+}
+
+impl<'a> Orch<'a> {
+    pub(crate) fn new(
+        engine: &'a Arc<Engine>,
+        kernels: &'a KernelRegistry,
+        state: Orchestrator,
+        cfg: &ChipConfig,
+    ) -> Orch<'a> {
+        Orch {
+            engine,
+            kernels,
+            state,
+            wait: cfg.wait_timeout,
+            spin: cfg.spin,
+        }
+    }
+
+    pub(crate) fn into_orchestrator(self) -> Orchestrator {
+        self.state
+    }
+
+    /// Waits (spinning briefly, then parked) until `finished` reaches `at`, or `cap` passes.
+    fn wait_finished(&self, at: u64, cap: Duration, since: Instant) {
+        if since.elapsed() < self.spin {
+            for _ in 0..64 {
+                std::hint::spin_loop();
+            }
+            std::thread::yield_now();
+            return;
+        }
+        park_until(self.engine, at, cap);
+    }
+
+    fn submit_inner(
+        &mut self,
+        kernel: Option<Arc<crate::kernel::Kernel>>,
+        args: TaskArgs,
+    ) -> Result<Submitted, OrchError> {
+        let plan = self.state.plan(kernel, args)?;
+        let start = Instant::now();
+        let deadline = start + self.wait;
+        loop {
+            match self.state.place(&plan) {
+                Ok(at) => {
+                    let (task, outputs) = self.state.commit(plan, at)?;
+                    return Ok(Submitted { task, outputs });
+                }
+                Err(Blocked::Never(e)) => return Err(e),
+                Err(Blocked::Wait(what)) => {
+                    let Some(left) = remaining(deadline) else {
+                        return Err(OrchError::FlowControlTimeout {
+                            ring: plan.ring(),
+                            waited: self.wait,
+                            what,
+                        });
+                    };
+                    // Low-water mark: come back when half of what is in flight has finished,
+                    // then refill the ring in one go. The cap bounds the cost of a threshold
+                    // that progress elsewhere (a kernel waiting on a peer) keeps from being
+                    // reached.
+                    let done = self.engine.finished_total();
+                    let in_flight = self.state.submitted().saturating_sub(done);
+                    self.wait_finished(
+                        done + (in_flight / 2).max(1),
+                        left.min(Duration::from_millis(1)),
+                        start,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Submits a task running `kernel` (a name or a [`crate::KernelId`]).
+    ///
+    /// Dependencies are inferred from the tensor arguments (read-after-write, write-after-write
+    /// and write-after-read on overlapping bytes) plus the explicit ones. Blocks while the
+    /// scope's ring is full; fails at once if it can never free.
+    ///
+    /// # Errors
+    ///
+    /// An unknown kernel, invalid arguments, a chip without the kernel's core kind, outputs
+    /// larger than the ring, a scope deadlock, or a flow-control timeout.
+    pub fn submit(
+        &mut self,
+        kernel: impl KernelRef,
+        args: TaskArgs,
+    ) -> Result<Submitted, OrchError> {
+        let k = kernel.resolve(self.kernels)?.clone();
+        self.submit_inner(Some(k), args)
+    }
+
+    /// Submits a dependency-only task: it joins the graph (its outputs are allocated, its
+    /// dependencies inferred) but runs no kernel.
+    ///
+    /// # Errors
+    ///
+    /// As [`Orch::submit`].
+    pub fn submit_dummy(&mut self, args: TaskArgs) -> Result<Submitted, OrchError> {
+        self.submit_inner(None, args)
+    }
+
+    fn scoped<R>(
+        &mut self,
+        manual: bool,
+        f: impl FnOnce(&mut Self) -> Result<R, OrchError>,
+    ) -> Result<R, OrchError> {
+        self.state.begin_scope(manual)?;
+        let r = f(self);
+        self.state.end_scope();
+        r
+    }
+
+    /// Runs `f` in a nested automatic scope. Outputs of tasks submitted inside come from the
+    /// next ring and are reclaimed once the scope has ended and their consumers finished, so
+    /// tensors returned inside are valid only inside.
+    ///
+    /// # Errors
+    ///
+    /// What `f` returns; [`OrchError::AutoInsideManual`] inside a manual scope.
+    pub fn scope<R>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<R, OrchError>,
+    ) -> Result<R, OrchError> {
+        self.scoped(false, f)
+    }
+
+    /// Runs `f` in a manual scope: no dependency is inferred, only explicit ones
+    /// ([`TaskArgs::after`]) count.
+    ///
+    /// # Errors
+    ///
+    /// What `f` returns.
+    pub fn manual_scope<R>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<R, OrchError>,
+    ) -> Result<R, OrchError> {
+        self.scoped(true, f)
+    }
+
+    /// Waits until every task that writes bytes of `t` (or, with `write`, also reads them) has
+    /// finished.
+    fn wait_producers(&mut self, t: &Tensor, write: bool) -> Result<(), OrchError> {
+        let deadline = Instant::now() + self.wait;
+        let start = Instant::now();
+        loop {
+            let pending = self.state.pending_for(t, write)?;
+            if pending == 0 {
+                return Ok(());
+            }
+            let Some(left) = remaining(deadline) else {
+                return Err(OrchError::WaitTimeout {
+                    waited: self.wait,
+                    pending,
+                });
+            };
+            let done = self.engine.finished_total();
+            self.wait_finished(done + 1, left, start);
+        }
+    }
+
+    /// Waits for the producers of `t`, then copies its elements out.
+    ///
+    /// # Errors
+    ///
+    /// A producer failed (the error names it), the deadline passed, or the tensor's dtype is not
+    /// `T`'s.
+    pub fn read<T: Element>(&mut self, t: &Tensor) -> Result<Vec<T>, OrchError> {
+        self.wait_producers(t, false)?;
+        Ok(t.read::<T>()?)
+    }
+
+    /// Waits for every task reading or writing `t`, then copies `data` in.
+    ///
+    /// # Errors
+    ///
+    /// As [`Orch::read`], and a length other than the element count.
+    pub fn write<T: Element>(&mut self, t: &Tensor, data: &[T]) -> Result<(), OrchError> {
+        self.wait_producers(t, true)?;
+        Ok(t.write(data)?)
+    }
+
+    /// Logical AIC and AIV cores of this chip (to size SPMD work).
+    pub fn core_counts(&self) -> (u32, u32) {
+        let c = &self.engine.cores;
+        (c.count(crate::CoreKind::Aic), c.count(crate::CoreKind::Aiv))
+    }
+
+    /// Depth of the innermost open scope (0 = the implicit outer scope).
+    pub fn depth(&self) -> usize {
+        self.state.depth()
+    }
+
+    /// The chip's extension object, if it has type `E`.
+    pub fn ext<E: Any>(&self) -> Option<&E> {
+        self.engine
+            .ext
+            .as_deref()
+            .and_then(|e| e.downcast_ref::<E>())
+    }
+}

@@ -1,0 +1,129 @@
+//! A core thread's loop: run the block at hand (or the consumer the last completion made
+//! ready), else take one from the queues, else search for a while and park
+//! (`crate::engine::sleep`). One idle thread at a time also polls deferred tasks.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::engine::execute::Job;
+use crate::engine::{decode_current, Engine};
+
+/// Longest park while deferred tasks wait (their conditions do not wake anyone).
+const DEFERRED_NAP_MAX: Duration = Duration::from_millis(1);
+/// Longest park otherwise; only bounds a lost wake-up, which the protocol rules out.
+const IDLE_PARK: Duration = Duration::from_millis(250);
+
+pub(crate) fn main(e: &Engine, tid: usize) {
+    let mut rotate = tid;
+    let mut streak = 0u32;
+    let mut next: Option<Job> = None;
+    // The core this thread kept from its last block (see `Engine::find_work`).
+    let mut held = None;
+    loop {
+        if let Some(job) = next.take().or_else(|| e.find_work(&mut rotate, &mut held)) {
+            next = e.run_block(tid, job, &mut streak);
+            if next.is_none() {
+                held = Some(job.core);
+            }
+            continue;
+        }
+        if e.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        // Out of work: the orchestrating thread may want to refill the queues now.
+        e.idle_poke();
+        next = search(e, tid, &mut rotate);
+    }
+}
+
+/// Looks for work: spins for the chip's spin time, polling deferred tasks too, then parks
+/// until notified; returns the job it found (`None` at shutdown).
+fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
+    e.sleep.begin_search();
+    let mut naps = 0u32;
+    let mut none = None;
+    let found = 'outer: loop {
+        let start = Instant::now();
+        let mut i = 0u32;
+        loop {
+            if let Some(job) = e.find_work(rotate, &mut none) {
+                break 'outer Some(job);
+            }
+            if e.shutdown.load(Ordering::Acquire) {
+                break 'outer None;
+            }
+            // Deferred tasks, and completions posted for them (checked now and then: the
+            // queue may live in shared memory).
+            if (e.has_waiting.load(Ordering::Acquire)
+                || (i.is_multiple_of(256) && !e.sender.host.queue().is_empty()))
+                && e.poll_async(Some(tid))
+            {
+                naps = 0;
+                continue;
+            }
+            i = i.wrapping_add(1);
+            if i.is_multiple_of(32) {
+                if start.elapsed() >= e.spin {
+                    break;
+                }
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        // Deferred tasks wait on conditions nobody signals: nap briefly and poll again.
+        let timeout = if e.has_waiting.load(Ordering::Acquire) {
+            naps = (naps + 1).min(20);
+            (Duration::from_micros(50) * naps).min(DEFERRED_NAP_MAX)
+        } else {
+            IDLE_PARK
+        };
+        e.sleep.sleep(
+            || e.has_ready() || e.shutdown.load(Ordering::Acquire),
+            timeout,
+        );
+    };
+    if e.sleep.end_search() && e.has_ready() {
+        // The last searcher took work and more is queued: let another thread look.
+        e.sleep.notify();
+    }
+    found
+}
+
+/// Names the blocks running now and the deferred tasks waiting (a stall report); true when a
+/// kernel is running (it may never return).
+pub(crate) fn running_report(e: &Engine) -> (String, bool) {
+    let mut v: Vec<String> = Vec::new();
+    for ts in e.threads.iter() {
+        let Some((slot, id)) = decode_current(ts.current.load(Ordering::SeqCst)) else {
+            continue;
+        };
+        let block = ts.block.load(Ordering::Relaxed);
+        let core = ts.core.load(Ordering::Relaxed);
+        let kind = ["MIX", "AIC", "AIV"][(core >> 16).min(2) as usize];
+        let name = e.kernel_name(slot).unwrap_or_else(|| "?".into());
+        v.push(format!(
+            "task #{id} block {block} kernel {name:?} on {kind}{}",
+            core & 0xffff
+        ));
+    }
+    let stuck = !v.is_empty();
+    v.sort();
+    for w in &e.deferred.lock().waiting {
+        let conds: Vec<String> = w.conds.iter().map(|(c, _)| c.describe()).collect();
+        v.push(format!(
+            "deferred task #{} waiting for [{}] and {} token post(s)",
+            w.id,
+            conds.join(", "),
+            w.tokens_expected
+        ));
+    }
+    if v.is_empty() {
+        let waiting = e
+            .submitted
+            .load(Ordering::Acquire)
+            .saturating_sub(e.finished_total());
+        return (format!("none ({waiting} task(s) waiting)"), false);
+    }
+    (v.join(", "), stuck)
+}

@@ -1,0 +1,231 @@
+//! Deferred completion: tasks whose kernels returned but whose conditions (signals, tokens) do
+//! not all hold yet, and the completion queue's token posts. One idle thread at a time polls
+//! them (`try_lock`); none of it is on the path of ordinary tasks. See
+//! `docs/design/deferred-completion.md`.
+
+use std::time::Instant;
+
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use super::execute::Finish;
+use super::{Engine, TOKEN_TASK_BITS, TOKEN_TASK_MASK};
+use crate::deferred::{Condition, Poll};
+use crate::kernel::{Registrations, MAX_CONDITIONS};
+use crate::trace::TraceEvent;
+use pto_shm::ring::Completion;
+
+/// A deferred task whose kernel returned.
+pub(crate) struct Waiting {
+    pub(crate) slot: u32,
+    pub(crate) id: u64,
+    pub(crate) conds: Vec<(Box<dyn Condition>, Instant)>,
+    pub(crate) tokens_expected: u32,
+    pub(crate) token_deadline: Option<Instant>,
+}
+
+/// The deferred tasks of a run and the token posts seen.
+#[derive(Default)]
+pub(crate) struct DeferredState {
+    pub(crate) waiting: Vec<Waiting>,
+    /// Token posts per task id (kept when they come before the task registered, or existed):
+    /// posts, and the first error status.
+    pub(crate) tokens: FxHashMap<u64, (u32, Option<u64>)>,
+    /// Tasks submitted as deferred, by id: their slot (to tell a late post from an early one).
+    pub(crate) tasks: FxHashMap<u64, u32>,
+    /// Completions that named no task of this run, or a task already complete.
+    pub(crate) stray: Vec<String>,
+}
+
+impl std::fmt::Debug for DeferredState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeferredState({} waiting)", self.waiting.len())
+    }
+}
+
+impl Engine {
+    /// A deferred task's last block returned with `regs`: it waits for them (or finishes now if
+    /// they already hold, or fails if there are too many).
+    pub(crate) fn defer(
+        &self,
+        tid: Option<usize>,
+        slot: u32,
+        id: u64,
+        regs: Registrations,
+    ) -> Option<Finish> {
+        if regs.conds.len() + regs.tokens as usize > MAX_CONDITIONS {
+            return Some(Finish::failed(
+                0,
+                None,
+                format!("registered more than {MAX_CONDITIONS} completion conditions"),
+            ));
+        }
+        self.deferred_count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.slab.get(slot).set_state(super::slab::State::Deferred);
+        {
+            let mut d = self.deferred.lock();
+            d.waiting.push(Waiting {
+                slot,
+                id,
+                conds: regs.conds,
+                tokens_expected: regs.tokens,
+                token_deadline: regs.token_deadline,
+            });
+            self.has_waiting
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        // The conditions may hold already.
+        self.poll_async(tid);
+        None
+    }
+
+    fn absorb(&self, d: &mut DeferredState, c: Completion) {
+        self.completions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (nonce, id) = (c.token >> TOKEN_TASK_BITS, c.token & TOKEN_TASK_MASK);
+        let err = (c.status != 0).then_some(c.status);
+        if nonce != self.nonce.load(std::sync::atomic::Ordering::Relaxed) {
+            d.stray
+                .push(format!("token {:#x} names no task of this run", c.token));
+            return;
+        }
+        let submitted = self.submitted.load(std::sync::atomic::Ordering::Acquire);
+        let finished = d.tasks.get(&id).is_some_and(|&slot| {
+            let s = self.slab.get(slot);
+            s.id.load(std::sync::atomic::Ordering::Acquire) != id || s.state().finished()
+        });
+        if finished || (id < submitted && !d.tasks.contains_key(&id)) {
+            d.stray.push(format!(
+                "token {:#x} posted for task #{id}, which had already completed",
+                c.token
+            ));
+            return;
+        }
+        // For a task not submitted yet, or not yet waiting: kept until it registers.
+        let e = d.tokens.entry(id).or_insert((0, None));
+        e.0 += 1;
+        e.1 = e.1.or(err);
+    }
+
+    /// Drains the completion queue and polls every waiting task; finishes (or fails) those
+    /// whose conditions are settled. One thread at a time; returns true when anything happened.
+    pub(crate) fn poll_async(&self, tid: Option<usize>) -> bool {
+        let Some(mut d) = self.deferred.try_lock() else {
+            return false;
+        };
+        let mut progress = false;
+        while let Some(c) = self.sender.host.queue().pop() {
+            self.absorb(&mut d, c);
+            progress = true;
+        }
+        let now = Instant::now();
+        let mut settled: SmallVec<[(u32, u64, Option<String>); 4]> = SmallVec::new();
+        let tokens = std::mem::take(&mut d.tokens);
+        d.waiting.retain_mut(|w| {
+            let (seen, token_error) = tokens.get(&w.id).copied().unwrap_or((0, None));
+            if let Some(st) = token_error {
+                settled.push((
+                    w.slot,
+                    w.id,
+                    Some(format!("its completion was posted with status {st}")),
+                ));
+                return false;
+            }
+            let mut failed = None;
+            w.conds.retain(|(c, deadline)| {
+                if failed.is_some() {
+                    return true;
+                }
+                match c.poll() {
+                    Poll::Ready => false,
+                    Poll::Pending if now >= *deadline => {
+                        failed = Some(format!(
+                            "condition {} did not hold before its deadline",
+                            c.describe()
+                        ));
+                        true
+                    }
+                    Poll::Pending => true,
+                    Poll::Failed(m) => {
+                        failed = Some(format!("condition {} failed: {m}", c.describe()));
+                        true
+                    }
+                }
+            });
+            if failed.is_some() {
+                settled.push((w.slot, w.id, failed));
+                return false;
+            }
+            if w.conds.is_empty() && seen >= w.tokens_expected {
+                settled.push((w.slot, w.id, None));
+                return false;
+            }
+            if seen < w.tokens_expected && w.token_deadline.is_some_and(|dl| now >= dl) {
+                settled.push((
+                    w.slot,
+                    w.id,
+                    Some(format!(
+                        "completion token {:#x} was posted {seen} of {} times before its deadline",
+                        self.nonce.load(std::sync::atomic::Ordering::Relaxed) << TOKEN_TASK_BITS
+                            | w.id,
+                        w.tokens_expected
+                    )),
+                ));
+                return false;
+            }
+            true
+        });
+        d.tokens = tokens;
+        for (_, id, _) in &settled {
+            d.tokens.remove(id);
+        }
+        if d.waiting.is_empty() {
+            self.has_waiting
+                .store(false, std::sync::atomic::Ordering::Release);
+        }
+        drop(d);
+        progress |= !settled.is_empty();
+        for (slot, id, failure) in settled {
+            if self.tracing.load(std::sync::atomic::Ordering::Relaxed) {
+                self.trace_deferred(slot, id);
+            }
+            let f = match failure {
+                None => Finish::Done,
+                Some(m) => Finish::failed(0, None, m),
+            };
+            if let Some(next) = self.finish(tid, slot, f) {
+                // No core runs here: hand the consumer to the queues.
+                self.push_job(next);
+            }
+        }
+        progress
+    }
+
+    fn trace_deferred(&self, slot: u32, id: u64) {
+        let s = self.slab.get(slot);
+        let start = f64::from_bits(s.first_start.load(std::sync::atomic::Ordering::Relaxed));
+        // SAFETY: the task is deferred (not finished): it cannot be reclaimed yet.
+        #[allow(unsafe_code)]
+        let body = unsafe { s.body() };
+        let (Some(k), true) = (&body.kernel, start > 0.0) else {
+            return;
+        };
+        let core = crate::kernel::CoreId {
+            kind: k.kind(),
+            index: 0,
+        };
+        if let Some(t) = self.trace.lock().as_mut() {
+            t.events.push(TraceEvent {
+                task: crate::args::TaskId(id),
+                kernel: std::sync::Arc::from(k.name()),
+                core,
+                block: 0,
+                start_us: start,
+                end_us: crate::trace::now_us(),
+                deps: body.deps.iter().map(|d| crate::args::TaskId(*d)).collect(),
+                deferred: true,
+            });
+        }
+    }
+}

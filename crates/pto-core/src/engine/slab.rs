@@ -1,0 +1,282 @@
+//! Task nodes: slots allocated once, in chunks, and reused by later tasks.
+//!
+//! A slot's shared state is atomics (dependency count, references, state, successor list) that
+//! any thread may touch. Its *body* (kernel, arguments, the producers it retains) is written by
+//! the orchestrating thread before the task is published, only read while the task can run,
+//! and dropped by the orchestrating thread when it reclaims the slot; the protocol, not a lock,
+//! keeps those phases apart, which is why this module may use `unsafe` (see each block).
+//! Chunks never move once allocated, so a slot index stays valid for every thread.
+
+#![allow(unsafe_code)]
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+use super::succ::SuccList;
+use crate::buffer::BorrowSet;
+use crate::kernel::{CoreId, Kernel, Payload, Registrations};
+
+/// Slots per chunk.
+const CHUNK: usize = 1024;
+
+/// A slot that holds no task.
+pub(crate) const FREE: u64 = u64::MAX;
+
+/// What a slot's task is doing. Stored in [`Slot::state`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum State {
+    Waiting = 0,
+    Ready = 1,
+    Running = 2,
+    /// The kernel returned; completion waits for registered conditions.
+    Deferred = 3,
+    Done = 4,
+    Failed = 5,
+    Poisoned = 6,
+}
+
+impl State {
+    pub(crate) fn from_u32(v: u32) -> State {
+        match v {
+            0 => State::Waiting,
+            1 => State::Ready,
+            2 => State::Running,
+            3 => State::Deferred,
+            4 => State::Done,
+            5 => State::Failed,
+            _ => State::Poisoned,
+        }
+    }
+
+    pub(crate) fn finished(self) -> bool {
+        matches!(self, State::Done | State::Failed | State::Poisoned)
+    }
+}
+
+/// What the orchestrating thread writes before publishing a task. It stays in its slot from
+/// one task to the next (emptied, not freed), so that publishing a task moves no large value.
+#[derive(Default)]
+pub(crate) struct Body {
+    /// `None` for a dependency-only (dummy) task.
+    pub(crate) kernel: Option<Arc<Kernel>>,
+    pub(crate) payload: Payload,
+    /// Bit `i` set: tensor argument `i` needs a registered borrow when the task runs (an
+    /// untracked argument, or a buffer another run also uses); the others are ordered by the
+    /// engine and only announced (see `docs/design/dependency-engine.md`).
+    pub(crate) registered: u64,
+    /// Producer slots this task keeps alive until it finishes.
+    pub(crate) retains: SmallVec<[u32; 4]>,
+    /// Its producers' ids, for traces.
+    pub(crate) deps: SmallVec<[u64; 4]>,
+    /// Borrow and completion token: `nonce << 40 | id`.
+    pub(crate) token: u64,
+}
+
+/// One task node. `repr(C)` with the fields every task touches first, and aligned to a cache
+/// line, so that a task's hot state spans two lines and no two nodes share one.
+#[repr(C, align(64))]
+pub(crate) struct Slot {
+    /// The task id in this slot, or [`FREE`].
+    pub(crate) id: AtomicU64,
+    /// `1 + id` of the failed task this one is poisoned by (its own, if it failed), or 0.
+    pub(crate) root: AtomicU64,
+    /// Unfinished producers, plus one while the orchestrator is still wiring the task.
+    pub(crate) fanin: AtomicU32,
+    /// Why the slot must stay: one while the task is unfinished, one while its scope is open,
+    /// one per consumer that retains it and has not finished. Reclaimable at zero.
+    pub(crate) refs: AtomicU32,
+    /// A [`State`].
+    pub(crate) state: AtomicU32,
+    /// Next SPMD block to hand out, and blocks finished.
+    pub(crate) blocks_next: AtomicU32,
+    pub(crate) blocks_done: AtomicU32,
+    /// True once `error`, `regs` or `borrows` holds something (so the common path locks none).
+    pub(crate) extra: AtomicBool,
+    pub(crate) succ: SuccList,
+    /// Trace: start of the first block (f64 bits; 0 = none yet), and its core
+    /// (`queue << 16 | index`).
+    pub(crate) first_start: AtomicU64,
+    pub(crate) first_core: AtomicU32,
+    /// The first failing block: (block, core, message).
+    pub(crate) error: Mutex<Option<(u32, Option<CoreId>, String)>>,
+    /// What its blocks registered for deferred completion.
+    pub(crate) regs: Mutex<Registrations>,
+    /// Borrows registered for its untracked arguments, released when it finishes.
+    pub(crate) borrows: Mutex<Option<BorrowSet>>,
+    body: UnsafeCell<Body>,
+}
+
+// SAFETY: every field but `body` is thread-safe. `body` is written only by the orchestrating
+// thread while no other thread can reach the slot (before the task is published, or after it
+// was reclaimed), and read by other threads only between those points; see the module docs and
+// `Slot::body`.
+unsafe impl Sync for Slot {}
+// SAFETY: as above; `Body` is `Send` (its fields are).
+unsafe impl Send for Slot {}
+
+impl Default for Slot {
+    fn default() -> Slot {
+        Slot {
+            id: AtomicU64::new(FREE),
+            fanin: AtomicU32::new(0),
+            refs: AtomicU32::new(0),
+            root: AtomicU64::new(0),
+            state: AtomicU32::new(State::Done as u32),
+            succ: SuccList::default(),
+            blocks_next: AtomicU32::new(0),
+            blocks_done: AtomicU32::new(0),
+            error: Mutex::new(None),
+            regs: Mutex::new(Registrations::default()),
+            borrows: Mutex::new(None),
+            extra: AtomicBool::new(false),
+            first_start: AtomicU64::new(0),
+            first_core: AtomicU32::new(0),
+            body: UnsafeCell::new(Body::default()),
+        }
+    }
+}
+
+impl Slot {
+    pub(crate) fn state(&self) -> State {
+        State::from_u32(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_state(&self, s: State) {
+        self.state.store(s as u32, Ordering::Release);
+    }
+
+    /// The body of the task in this slot.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the task published and not reclaimed: it runs (or finishes) the task,
+    /// holds a reference counted in `refs`, or is the orchestrating thread.
+    pub(crate) unsafe fn body(&self) -> &Body {
+        // SAFETY: per the contract no thread writes the body now.
+        unsafe { &*self.body.get() }
+    }
+
+    /// The body, to fill in place before [`Slot::install`].
+    ///
+    /// # Safety
+    ///
+    /// Only the orchestrating thread calls it, on a free slot (no other thread can reach it),
+    /// and holds no other reference to the body meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn body_mut(&self) -> &mut Body {
+        // SAFETY: per the contract this is the only reference to the body.
+        unsafe { &mut *self.body.get() }
+    }
+
+    /// Publishes the task filled in with [`Slot::body_mut`]: resets the shared state and sets
+    /// its id.
+    ///
+    /// # Safety
+    ///
+    /// Only the orchestrating thread calls it, on a free slot whose body it just filled.
+    pub(crate) unsafe fn install(&self, id: u64) {
+        self.succ.reset();
+        self.fanin.store(1, Ordering::Relaxed);
+        // Unfinished, and its scope is open.
+        self.refs.store(2, Ordering::Relaxed);
+        self.root.store(0, Ordering::Relaxed);
+        self.blocks_next.store(0, Ordering::Relaxed);
+        self.blocks_done.store(0, Ordering::Relaxed);
+        self.first_start.store(0, Ordering::Relaxed);
+        if self.extra.swap(false, Ordering::Relaxed) {
+            *self.error.lock() = None;
+            *self.regs.lock() = Registrations::default();
+            *self.borrows.lock() = None;
+        }
+        self.state.store(State::Waiting as u32, Ordering::Relaxed);
+        // Publishes the fields above to whoever reads the id with Acquire.
+        self.id.store(id, Ordering::Release);
+    }
+
+    /// Frees the slot and empties its body in place (dropping the task's tensors and kernel).
+    ///
+    /// # Safety
+    ///
+    /// Only the orchestrating thread calls it, once `refs` is zero (no other thread uses the
+    /// slot any more, and none can start to: the task finished and nothing retains it).
+    pub(crate) unsafe fn reclaim(&self) {
+        self.id.store(FREE, Ordering::Release);
+        // SAFETY: per the contract nobody else reads the body now.
+        let b = unsafe { &mut *self.body.get() };
+        b.kernel = None;
+        b.payload.tensors.clear();
+        b.payload.scalars.clear();
+        b.payload.inits.clear();
+        b.retains.clear();
+        b.deps.clear();
+    }
+}
+
+/// Every slot of one chip, in chunks that never move.
+pub(crate) struct Slab {
+    chunks: Box<[AtomicPtr<Slot>]>,
+    /// Chunks allocated (only the orchestrating thread allocates).
+    len: AtomicU32,
+}
+
+impl std::fmt::Debug for Slab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Slab({} chunks)", self.len.load(Ordering::Relaxed))
+    }
+}
+
+impl Slab {
+    /// Room for up to `max_slots` slots (allocated a chunk at a time, as needed).
+    pub(crate) fn new(max_slots: usize) -> Slab {
+        let n = max_slots.div_ceil(CHUNK).max(1);
+        Slab {
+            chunks: (0..n)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            len: AtomicU32::new(0),
+        }
+    }
+
+    /// Slot `i`, which must have been handed out by [`Slab::grow`].
+    pub(crate) fn get(&self, i: u32) -> &Slot {
+        let (c, o) = (i as usize / CHUNK, i as usize % CHUNK);
+        let p = self.chunks[c].load(Ordering::Acquire);
+        assert!(!p.is_null(), "slot {i} was never allocated");
+        // SAFETY: `p` points to a live array of CHUNK slots (allocated in `grow`, freed only
+        // when the slab drops, which needs `&mut self`), and `o < CHUNK`.
+        unsafe { &*p.add(o) }
+    }
+
+    /// Allocates one more chunk; returns the indices of its slots, or `None` when the slab is
+    /// at its size. Orchestrating thread only.
+    pub(crate) fn grow(&self) -> Option<std::ops::Range<u32>> {
+        let c = self.len.load(Ordering::Relaxed) as usize;
+        if c >= self.chunks.len() {
+            return None;
+        }
+        let chunk: Box<[Slot]> = (0..CHUNK).map(|_| Slot::default()).collect();
+        let p = Box::into_raw(chunk).cast::<Slot>();
+        self.chunks[c].store(p, Ordering::Release);
+        self.len.store(c as u32 + 1, Ordering::Relaxed);
+        let base = (c * CHUNK) as u32;
+        Some(base..base + CHUNK as u32)
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        for c in self.chunks.iter() {
+            let p = c.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: `p` came from `Box::into_raw` of a boxed slice of CHUNK slots in
+                // `grow`, and is freed once, here (`&mut self`: no thread uses the slab).
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, CHUNK)) });
+            }
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! How idle threads sleep without losing a wake-up, and without a wake-up per task.
+//!
+//! A thread with nothing to run is *searching*: it looks at the ready queues, spinning for a
+//! short while. Then it registers as a sleeper and parks on the `epoch` word. Whoever makes
+//! work visible calls [`Sleep::notify`], which wakes one sleeper only when no thread is
+//! searching: a searching thread will find the work itself, so a steady stream of tasks to an
+//! awake thread costs no wake-up at all (the rule Tokio's and Go's schedulers use).
+//!
+//! No wake-up is lost. The sleeper increments `sleepers`, stops counting as searching, issues a
+//! `SeqCst` fence and only then looks at the queues a last time; the notifier makes the work
+//! visible, issues a `SeqCst` fence and only then reads the counters. Of two such fenced
+//! sequences one comes first, so either the sleeper's last look sees the work, or the notifier
+//! sees the sleeper (and no searcher) and bumps `epoch`, which the sleeper's futex wait
+//! compares against the value it read before registering. Modelled with loom in
+//! `tests/loom.rs` (the model's futex has no timeout, so a lost wake-up is a deadlock there).
+//! See `docs/design/chip-scheduler.md`.
+
+use std::time::Duration;
+
+use super::sync::{fence, AtomicU32, Ordering, Park};
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct Sleep {
+    epoch: AtomicU32,
+    sleepers: AtomicU32,
+    searching: AtomicU32,
+}
+
+impl Sleep {
+    /// After making work visible: wakes one sleeper when no thread is searching.
+    pub fn notify(&self) {
+        fence(Ordering::SeqCst);
+        if self.searching.load(Ordering::SeqCst) == 0 && self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.epoch.fetch_add(1, Ordering::SeqCst);
+            self.epoch.unpark_one();
+        }
+    }
+
+    /// Wakes every sleeper (shutdown, the end of a run).
+    pub fn notify_all(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.epoch.unpark_all();
+    }
+
+    /// This thread starts looking for work.
+    pub fn begin_search(&self) {
+        self.searching.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// This thread found work and stops searching. True when it was the only searcher: if more
+    /// work is queued, it should [`Sleep::notify`] so that another thread takes it.
+    pub fn end_search(&self) -> bool {
+        self.searching.fetch_sub(1, Ordering::SeqCst) == 1
+    }
+
+    /// A searching thread found nothing: parks until notified or `timeout` passes, unless
+    /// `has_work` finds work after it registered as a sleeper. It is searching again when this
+    /// returns.
+    pub fn sleep(&self, has_work: impl Fn() -> bool, timeout: Duration) {
+        let e = self.epoch.load(Ordering::SeqCst);
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        self.searching.fetch_sub(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !has_work() {
+            self.epoch.park(e, timeout);
+        }
+        self.searching.fetch_add(1, Ordering::SeqCst);
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Threads parked now (for tests and statistics).
+    pub fn sleepers(&self) -> u32 {
+        self.sleepers.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,692 @@
+//! The orchestrating thread's side: what only it touches (the TensorMap, the rings, the
+//! scopes, the free slots) and how a task is planned, placed, wired and published, and how
+//! finished tasks are reclaimed from the front of each ring.
+
+#![allow(unsafe_code)]
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use super::execute::Finish;
+use super::ring::{Full, Ring, OUT_ALIGN};
+use super::slab::State;
+use super::tensormap::{EntryKey, Liveness, TensorMap};
+use super::{Engine, RunStats, TaskRef, NUM_RINGS, TOKEN_TASK_BITS};
+use crate::args::{ArgMode, OutInit, TaskArgs, TaskId, TensorArg};
+use crate::buffer::Buffer;
+use crate::error::{OrchError, TaskFailure};
+use crate::kernel::Kernel;
+use crate::tensor::{Lease, Origin, Region, Tensor, TensorError, MAX_DIMS};
+
+/// Ring sizing for one run.
+#[derive(Clone)]
+pub(crate) struct RingConfig {
+    pub(crate) window: usize,
+    pub(crate) heap_bytes: usize,
+    pub(crate) alloc: Option<Arc<crate::buffer::BufferAllocator>>,
+}
+
+impl std::fmt::Debug for RingConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RingConfig({} tasks, {} bytes)",
+            self.window, self.heap_bytes
+        )
+    }
+}
+
+/// What submit decided before any state changed.
+pub(crate) struct Plan {
+    kernel: Option<Arc<Kernel>>,
+    args: TaskArgs,
+    /// Byte offsets of each runtime output within the task's allocation.
+    out_offsets: SmallVec<[usize; 4]>,
+    bytes: usize,
+    ring: usize,
+}
+
+impl Plan {
+    pub(crate) fn ring(&self) -> usize {
+        self.ring
+    }
+}
+
+/// Why a placement must wait or cannot happen.
+pub(crate) enum Blocked {
+    /// Space will free up when tasks finish.
+    Wait(String),
+    /// It never will: an error.
+    Never(OrchError),
+}
+
+#[derive(Debug)]
+struct Scope {
+    manual: bool,
+    tasks: Vec<TaskRef>,
+}
+
+/// What only the orchestrating thread keeps about a slot's task.
+#[derive(Debug, Default)]
+struct Aux {
+    keys: SmallVec<[EntryKey; 2]>,
+    lease: Option<Arc<Lease>>,
+    scope_open: bool,
+}
+
+fn align_up(n: usize, a: usize) -> usize {
+    n.div_ceil(a) * a
+}
+
+fn invalid(kernel: &Option<Arc<Kernel>>, detail: String) -> OrchError {
+    OrchError::InvalidArgs {
+        kernel: kernel
+            .as_ref()
+            .map_or_else(|| "<dummy>".to_string(), |k| k.name().to_string()),
+        detail,
+    }
+}
+
+/// A task whose producers have all finished, on the orchestrating thread: poison it, complete
+/// it (dummy), or queue it.
+fn release(e: &Engine, slot: u32, dummy: bool) {
+    let how = if e.slab.get(slot).root.load(Ordering::Acquire) != 0 {
+        Finish::Poisoned
+    } else if dummy {
+        Finish::Done
+    } else {
+        e.push_job(slot);
+        return;
+    };
+    if let Some(c) = e.finish(None, slot, how) {
+        // This thread runs no kernel: queue the consumer it made ready.
+        e.push_job(c);
+    }
+}
+
+/// The orchestrating thread's state for one run.
+pub(crate) struct Orchestrator {
+    pub(crate) engine: Arc<Engine>,
+    next_id: u64,
+    tmap: TensorMap,
+    rings: Vec<Ring>,
+    scopes: Vec<Scope>,
+    retired_failed: FxHashMap<u64, u64>,
+    aux: Vec<Aux>,
+    free: Vec<u32>,
+    /// Buffers this run claimed: its tasks use them without registering borrows.
+    owned: Vec<Buffer>,
+    rings_cfg: RingConfig,
+    nonce: u64,
+    pub(crate) stats: RunStats,
+}
+
+impl std::fmt::Debug for Orchestrator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Orchestrator")
+            .field("next_id", &self.next_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Orchestrator {
+    pub(crate) fn new(engine: Arc<Engine>, rings: RingConfig, nonce: u64) -> Orchestrator {
+        let free = std::mem::take(&mut *engine.free.lock());
+        Orchestrator {
+            engine,
+            next_id: 0,
+            tmap: TensorMap::default(),
+            rings: (0..NUM_RINGS)
+                .map(|_| Ring::new(rings.window, rings.heap_bytes))
+                .collect(),
+            scopes: vec![Scope {
+                manual: false,
+                tasks: Vec::new(),
+            }],
+            retired_failed: FxHashMap::default(),
+            aux: Vec::new(),
+            free,
+            owned: Vec::new(),
+            rings_cfg: rings,
+            nonce,
+            stats: RunStats::default(),
+        }
+    }
+
+    /// Tasks submitted so far.
+    pub(crate) fn submitted(&self) -> u64 {
+        self.next_id
+    }
+
+    /// Depth of the innermost open scope (0 = the implicit outer scope).
+    pub(crate) fn depth(&self) -> usize {
+        self.scopes.len() - 1
+    }
+
+    fn manual(&self) -> bool {
+        self.scopes.last().is_some_and(|s| s.manual)
+    }
+
+    pub(crate) fn begin_scope(&mut self, manual: bool) -> Result<(), OrchError> {
+        if !manual && self.manual() {
+            return Err(OrchError::AutoInsideManual);
+        }
+        self.scopes.push(Scope {
+            manual,
+            tasks: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Ends the innermost scope (the implicit outer one too, at the end of a run): its tasks
+    /// stop pinning their rings.
+    pub(crate) fn end_scope(&mut self) {
+        let Some(scope) = self.scopes.pop() else {
+            return;
+        };
+        for t in scope.tasks {
+            if let Some(a) = self.aux.get_mut(t.slot as usize) {
+                a.scope_open = false;
+            }
+            self.engine
+                .slab
+                .get(t.slot)
+                .refs
+                .fetch_sub(1, Ordering::AcqRel);
+        }
+        self.reclaim();
+    }
+
+    /// Validates a submission and computes its output layout. Changes nothing.
+    pub(crate) fn plan(
+        &self,
+        kernel: Option<Arc<Kernel>>,
+        args: TaskArgs,
+    ) -> Result<Plan, OrchError> {
+        if let Some(k) = &kernel {
+            if !self.engine.cores.has(k.kind()) {
+                return Err(OrchError::NoCore {
+                    kernel: k.name().to_string(),
+                    kind: k.kind(),
+                });
+            }
+        }
+        if args.block_num == 0 {
+            return Err(invalid(&kernel, "block count must be at least 1".into()));
+        }
+        for d in &args.deps {
+            if d.0 >= self.next_id {
+                return Err(OrchError::UnknownTask(*d));
+            }
+        }
+        let mut out_offsets = SmallVec::new();
+        let mut bytes = 0usize;
+        for (i, a) in args.tensors.iter().enumerate() {
+            match a {
+                TensorArg::Existing(t, _) => t.check_live()?,
+                TensorArg::Create { shape, dtype, .. } => {
+                    if shape.is_empty() || shape.len() > MAX_DIMS {
+                        return Err(TensorError::BadRank { ndims: shape.len() }.into());
+                    }
+                    let n = shape
+                        .iter()
+                        .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
+                        .ok_or_else(|| invalid(&kernel, format!("output {i} is too large")))?;
+                    out_offsets.push(bytes);
+                    bytes = bytes
+                        .checked_add(align_up(n, OUT_ALIGN))
+                        .ok_or_else(|| invalid(&kernel, format!("output {i} is too large")))?;
+                }
+            }
+        }
+        // Two arguments of one task may share bytes only if both are read-only.
+        {
+            let existing: SmallVec<[(usize, &Tensor, ArgMode); 8]> = args
+                .tensors
+                .iter()
+                .enumerate()
+                .filter_map(|(i, a)| match a {
+                    TensorArg::Existing(t, m) => Some((i, t, *m)),
+                    TensorArg::Create { .. } => None,
+                })
+                .collect();
+            for (x, &(i, ti, mi)) in existing.iter().enumerate() {
+                for &(j, tj, mj) in &existing[x + 1..] {
+                    if (mi.writable() || mj.writable())
+                        && ti.buffer() == tj.buffer()
+                        && crate::tensor::intersects(ti.region(), tj.region())
+                    {
+                        return Err(invalid(
+                            &kernel,
+                            format!("tensor arguments {i} ({mi}) and {j} ({mj}) overlap and one is written"),
+                        ));
+                    }
+                }
+            }
+        }
+        let ring = self.depth().min(NUM_RINGS - 1);
+        if bytes > self.rings[ring].heap_size {
+            return Err(OrchError::OutputTooLarge {
+                kernel: kernel
+                    .as_ref()
+                    .map_or_else(|| "<dummy>".into(), |k| k.name().to_string()),
+                bytes,
+                ring,
+                capacity: self.rings[ring].heap_size,
+            });
+        }
+        Ok(Plan {
+            kernel,
+            args,
+            out_offsets,
+            bytes,
+            ring,
+        })
+    }
+
+    /// Finds room for a plan now (reclaiming finished tasks first), or says why not.
+    pub(crate) fn place(&mut self, plan: &Plan) -> Result<usize, Blocked> {
+        if let Ok(at) = self.rings[plan.ring].try_place(plan.bytes) {
+            return Ok(at);
+        }
+        self.reclaim();
+        let ring = &self.rings[plan.ring];
+        match ring.try_place(plan.bytes) {
+            Ok(at) => Ok(at),
+            Err(full) => {
+                let what = match full {
+                    Full::Tasks => format!("task window of {}", ring.window),
+                    Full::Heap => format!("{} of {} heap bytes wanted", plan.bytes, ring.heap_size),
+                };
+                let hint = match full {
+                    Full::Tasks => "PTO_RING_TASK_WINDOW",
+                    Full::Heap => "PTO_RING_HEAP_BYTES",
+                };
+                let pinned = ring
+                    .live
+                    .front()
+                    .and_then(|t| self.aux.get(t.slot as usize))
+                    .is_some_and(|a| a.scope_open);
+                if pinned {
+                    Err(Blocked::Never(OrchError::ScopeDeadlock {
+                        depth: self.depth(),
+                        ring: plan.ring,
+                        live: ring.live.len(),
+                        what,
+                        hint,
+                    }))
+                } else {
+                    Err(Blocked::Wait(what))
+                }
+            }
+        }
+    }
+
+    fn alloc_slot(&mut self) -> Result<u32, OrchError> {
+        if let Some(s) = self.free.pop() {
+            return Ok(s);
+        }
+        let r = self.engine.slab.grow().ok_or_else(|| {
+            OrchError::msg("no free task node: more live tasks than the rings allow")
+        })?;
+        self.free.extend(r.rev());
+        self.free
+            .pop()
+            .ok_or_else(|| OrchError::msg("no free task node"))
+    }
+
+    /// Commits a placed plan: allocates outputs, infers and wires dependencies, and publishes
+    /// the task (to a ready queue when nothing holds it back). Returns the task and its
+    /// runtime outputs.
+    pub(crate) fn commit(
+        &mut self,
+        plan: Plan,
+        at: usize,
+    ) -> Result<(TaskId, Vec<Tensor>), OrchError> {
+        let Plan {
+            kernel,
+            args,
+            out_offsets,
+            bytes,
+            ring,
+        } = plan;
+        let heap = if bytes > 0 {
+            Some(
+                self.rings[ring]
+                    .heap(self.rings_cfg.alloc.as_deref())
+                    .map_err(TensorError::from)?,
+            )
+        } else {
+            None
+        };
+        let slot = self.alloc_slot()?;
+        if self.aux.len() <= slot as usize {
+            self.aux.resize_with(slot as usize + 1, Aux::default);
+        }
+        let id = self.next_id;
+        let me = TaskRef { slot, id };
+        let lease = (!out_offsets.is_empty()).then(|| Arc::new(Lease::default()));
+        let manual = self.manual();
+        let dummy = kernel.is_none();
+        let deferred = args.deferred;
+        let Self {
+            engine,
+            tmap,
+            owned,
+            retired_failed,
+            rings,
+            nonce,
+            next_id,
+            scopes,
+            aux,
+            stats,
+            ..
+        } = self;
+        let engine: &Engine = engine;
+        let slab = &engine.slab;
+        let s = slab.get(slot);
+        // SAFETY: the slot came from the free list: no other thread can reach it, and this is
+        // the only reference to its body until `install`.
+        let b = unsafe { s.body_mut() };
+        b.kernel = kernel;
+        b.payload.block_num = args.block_num;
+        b.payload.deferred = deferred;
+        b.payload.scalars.extend(args.scalars);
+        b.token = *nonce << TOKEN_TASK_BITS | id;
+        b.registered = 0;
+
+        let own = |owned: &mut Vec<Buffer>, buf: &Buffer| match buf.claim_owner(*nonce) {
+            Some(true) => {
+                owned.push(buf.clone());
+                true
+            }
+            Some(false) => true,
+            None => false,
+        };
+        let live = |x: TaskRef| {
+            if slab.get(x.slot).id.load(Ordering::Acquire) == x.id {
+                Liveness::Live
+            } else if retired_failed.contains_key(&x.id) {
+                Liveness::RetiredFailed
+            } else {
+                Liveness::Retired
+            }
+        };
+        let mut outputs = Vec::with_capacity(out_offsets.len());
+        let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+        let mut explicit: SmallVec<[u64; 2]> = args.deps.iter().map(|d| d.0).collect();
+        let mut keys = SmallVec::new();
+        let mut outs = out_offsets.iter();
+        for (i, a) in args.tensors.into_iter().enumerate() {
+            match a {
+                TensorArg::Existing(t, mode) => {
+                    let tracked = !manual && mode != ArgMode::NoDep;
+                    if (!tracked || !own(owned, t.buffer())) && i < 64 {
+                        b.registered |= 1 << i;
+                    }
+                    if !manual {
+                        if let Some(o) = &t.origin {
+                            explicit.push(o.task.0);
+                        }
+                        let (lookup, record) = match mode {
+                            ArgMode::In => (Some(false), Some(false)),
+                            ArgMode::InOut | ArgMode::OutputExisting => (Some(true), Some(true)),
+                            ArgMode::NoDep | ArgMode::Out => (None, None),
+                        };
+                        if let Some(write) = lookup {
+                            tmap.lookup(t.buffer().id(), t.region(), write, live, &mut deps);
+                        }
+                        if let Some(write) = record {
+                            keys.push(tmap.insert(t.buffer().id(), t.region(), write, me));
+                        }
+                    }
+                    b.payload.tensors.push((t, mode));
+                }
+                TensorArg::Create { shape, dtype, init } => {
+                    let off = at + outs.next().copied().unwrap_or(0);
+                    let Some(heap) = heap.clone() else {
+                        return Err(OrchError::msg("internal: an output without a ring heap"));
+                    };
+                    let region = Region::contiguous(dtype, off / dtype.size(), &shape);
+                    let t = Tensor {
+                        buffer: heap,
+                        region,
+                        origin: lease.as_ref().map(|l| Origin {
+                            task: TaskId(id),
+                            lease: l.clone(),
+                        }),
+                    };
+                    // The ring's heap is this run's own.
+                    if !own(owned, t.buffer()) && i < 64 {
+                        b.registered |= 1 << i;
+                    }
+                    if init != OutInit::Unspecified {
+                        b.payload.inits.push((i, init));
+                    }
+                    outputs.push(t.clone());
+                    b.payload.tensors.push((t, ArgMode::Out));
+                }
+            }
+        }
+        // Explicit dependencies and producers of runtime outputs name tasks by id: find their
+        // nodes among the live ones (the TensorMap knows tasks by node). `root` is `1 + id` of
+        // a failed task that poisons this one, or 0.
+        let mut root = 0u64;
+        for d in explicit {
+            if let Some(r) = rings.iter().flat_map(|r| r.live.iter()).find(|t| t.id == d) {
+                deps.push(*r);
+            } else if let Some(failed) = retired_failed.get(&d) {
+                root = root.max(failed + 1);
+                b.deps.push(d);
+            }
+        }
+        deps.sort_unstable_by_key(|d| (d.id, d.slot));
+        deps.dedup();
+        // Which producers are live (retained, wired) and which poison it.
+        for d in &deps {
+            if d.id == id {
+                continue;
+            }
+            if slab.get(d.slot).id.load(Ordering::Acquire) == d.id {
+                b.retains.push(d.slot);
+                b.deps.push(d.id);
+            } else if let Some(r) = retired_failed.get(&d.id) {
+                root = root.max(r + 1);
+                b.deps.push(d.id);
+            }
+        }
+        // SAFETY: the body is filled; the slot is still free for every other thread.
+        unsafe { s.install(id) };
+        if deferred {
+            engine.deferred.lock().tasks.insert(id, slot);
+        }
+        if root != 0 {
+            s.root.store(root, Ordering::Release);
+        }
+        // Wire: retain every live producer, and add an edge to those not finished yet.
+        // SAFETY: published (installed) but not ready: only this thread reads `retains` now.
+        let retains = &unsafe { s.body() }.retains;
+        for &p in retains {
+            let ps = slab.get(p);
+            ps.refs.fetch_add(1, Ordering::AcqRel);
+            s.fanin.fetch_add(1, Ordering::AcqRel);
+            if !ps.succ.push(slot) {
+                // It finished meanwhile: no edge; it may have failed.
+                s.fanin.fetch_sub(1, Ordering::AcqRel);
+                let r = ps.root.load(Ordering::Acquire);
+                if r != 0 {
+                    let _ = s
+                        .root
+                        .compare_exchange(0, r, Ordering::AcqRel, Ordering::Acquire);
+                }
+            }
+        }
+        stats.edges += retains.len() as u64;
+        *next_id += 1;
+        rings[ring].commit(me, at, bytes);
+        if let Some(sc) = scopes.last_mut() {
+            sc.tasks.push(me);
+        }
+        let a = &mut aux[slot as usize];
+        a.keys = keys;
+        a.lease = lease;
+        a.scope_open = true;
+        stats.tasks += 1;
+        if dummy {
+            stats.dummy += 1;
+        }
+        engine.submitted.store(*next_id, Ordering::Release);
+        // Publish: drop the wiring guard; the task is ready if every producer finished.
+        if s.fanin.fetch_sub(1, Ordering::AcqRel) == 1 {
+            release(engine, slot, dummy);
+        }
+        Ok((TaskId(id), outputs))
+    }
+
+    /// The live task with id `id`, if any (explicit dependencies are rare: a scan of the
+    /// rings).
+    fn find_live(&self, id: u64) -> Option<TaskRef> {
+        self.rings
+            .iter()
+            .flat_map(|r| r.live.iter())
+            .find(|t| t.id == id)
+            .copied()
+    }
+
+    /// Pops every reclaimable task (finished, its scope ended, no consumer retaining it) from
+    /// the front of each ring.
+    pub(crate) fn reclaim(&mut self) {
+        for r in 0..self.rings.len() {
+            while let Some(&front) = self.rings[r].live.front() {
+                let s = self.engine.slab.get(front.slot);
+                if s.refs.load(Ordering::Acquire) != 0 {
+                    break;
+                }
+                self.rings[r].pop_front(front);
+                let root = s.root.load(Ordering::Acquire);
+                // SAFETY: `refs` is zero: the task finished and nothing retains it; only this
+                // thread reclaims. Read what reclaiming empties first.
+                let deferred = unsafe { s.body() }.payload.deferred;
+                // SAFETY: as above.
+                unsafe { s.reclaim() };
+                let a = std::mem::take(&mut self.aux[front.slot as usize]);
+                if let Some(l) = &a.lease {
+                    l.reclaim();
+                }
+                if root != 0 {
+                    // Keep its TensorMap entries: later readers of what it should have written
+                    // are poisoned too.
+                    self.retired_failed.insert(front.id, root - 1);
+                } else {
+                    for k in a.keys {
+                        self.tmap.remove(k);
+                    }
+                }
+                if deferred {
+                    self.engine.deferred.lock().tasks.remove(&front.id);
+                }
+                self.free.push(front.slot);
+            }
+        }
+    }
+
+    /// The producers a host read (or write) of `t` must wait for; `Err` names a failed one.
+    pub(crate) fn pending_for(&mut self, t: &Tensor, write: bool) -> Result<usize, OrchError> {
+        let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+        let slab = &self.engine.slab;
+        let retired = &self.retired_failed;
+        self.tmap.lookup(
+            t.buffer().id(),
+            t.region(),
+            write,
+            |x: TaskRef| {
+                if slab.get(x.slot).id.load(Ordering::Acquire) == x.id {
+                    Liveness::Live
+                } else if retired.contains_key(&x.id) {
+                    Liveness::RetiredFailed
+                } else {
+                    Liveness::Retired
+                }
+            },
+            &mut deps,
+        );
+        if let Some(o) = &t.origin {
+            if let Some(r) = self.find_live(o.task.0) {
+                deps.push(r);
+            } else if let Some(root) = self.retired_failed.get(&o.task.0) {
+                return Err(self.poison_error(o.task.0, Some(*root)));
+            }
+        }
+        let mut pending = 0;
+        for d in deps {
+            let s = self.engine.slab.get(d.slot);
+            if s.id.load(Ordering::Acquire) == d.id {
+                match s.state() {
+                    State::Failed | State::Poisoned => {
+                        let r = s.root.load(Ordering::Acquire);
+                        return Err(self.poison_error(d.id, r.checked_sub(1)));
+                    }
+                    State::Done => {}
+                    _ => pending += 1,
+                }
+            } else if let Some(root) = self.retired_failed.get(&d.id) {
+                return Err(self.poison_error(d.id, Some(*root)));
+            }
+        }
+        Ok(pending)
+    }
+
+    fn poison_error(&self, task: u64, root: Option<u64>) -> OrchError {
+        let failures = &self.engine.run.lock().failures;
+        let cause = root
+            .and_then(|r| failures.iter().find(|f: &&TaskFailure| f.task.0 == r))
+            .map_or_else(|| "a producer failed".to_string(), ToString::to_string);
+        OrchError::Poisoned {
+            task: TaskId(task),
+            cause,
+        }
+    }
+
+    /// The end of a run (every task finished): reclaims every node, marks every output lease
+    /// reclaimed (stale handles then error), gives back the buffers this run owned, and the
+    /// free nodes to the engine.
+    pub(crate) fn close(&mut self) {
+        self.reclaim();
+        for r in &self.rings {
+            self.stats.peak_ring_tasks = self.stats.peak_ring_tasks.max(r.peak_tasks);
+            self.stats.peak_ring_bytes = self.stats.peak_ring_bytes.max(r.peak_bytes);
+            // Tasks still live (a stalled run): their outputs are no longer valid either.
+            for t in &r.live {
+                if let Some(l) = self.aux.get(t.slot as usize).and_then(|a| a.lease.as_ref()) {
+                    l.reclaim();
+                }
+            }
+        }
+        for b in self.owned.drain(..) {
+            b.release_owner(self.nonce);
+        }
+        *self.engine.free.lock() = std::mem::take(&mut self.free);
+    }
+}
+
+#[cfg(test)]
+impl Orchestrator {
+    /// Tasks not reclaimed yet.
+    pub(crate) fn live_tasks(&self) -> usize {
+        self.rings.iter().map(|r| r.live.len()).sum()
+    }
+
+    pub(crate) fn tmap_len(&self) -> usize {
+        self.tmap.len()
+    }
+
+    /// The producers task `id` was wired to (live ones, by id).
+    pub(crate) fn deps_of(&self, id: u64) -> Vec<u64> {
+        let r = self.find_live(id).expect("a live task");
+        // SAFETY: the task is live and only this thread reclaims.
+        unsafe { self.engine.slab.get(r.slot).body() }.deps.to_vec()
+    }
+}

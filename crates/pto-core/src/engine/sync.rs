@@ -1,0 +1,5 @@
+//! The atomics the engine's lock-free protocols use: std's normally, loom's under `cfg(loom)`
+//! (through `pto_shm::sync`), so that the successor list and the sleep protocol can be
+//! model-checked (`tests/loom.rs`, `scripts/loom.sh`).
+
+pub use pto_shm::sync::{fence, AtomicU32, Mutex, Ordering, Park};

@@ -1,0 +1,159 @@
+//! Loom models of the engine's lock-free protocols, run on the crate's real `SuccList` and
+//! `Sleep` (under `cfg(loom)` their atomics, mutex and futex come from loom through
+//! `pto_shm::sync`; the futex model's `park` has no timeout, so a lost wake-up is a deadlock
+//! the model reports). Run with `scripts/loom.sh`.
+
+#![cfg(loom)]
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use loom::sync::atomic::AtomicU32;
+use loom::sync::Arc;
+use loom::thread;
+
+use pto_core::engine::sleep::Sleep;
+use pto_core::engine::succ::SuccList;
+use pto_shm::sync::Ordering;
+
+fn check(name: &str, bound: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    if b.preemption_bound.is_none() {
+        b.preemption_bound = bound;
+    }
+    let t = Instant::now();
+    b.check(f);
+    println!(
+        "loom model {name}: ok in {:.2} s (preemption bound {:?})",
+        t.elapsed().as_secs_f64(),
+        b.preemption_bound
+    );
+}
+
+/// The orchestrator wires `consumers` consumers to one producer while another thread finishes
+/// the producer. A consumer's fan-in starts at 1 (the wiring guard), gains one per edge added,
+/// and is released by whoever takes it to zero: every consumer must be released exactly once,
+/// and never before the producer finished.
+fn wiring_model(consumers: usize) {
+    let succ = Arc::new(SuccList::default());
+    let fanin: Arc<Vec<AtomicU32>> = Arc::new((0..consumers).map(|_| AtomicU32::new(1)).collect());
+    let released: Arc<Vec<AtomicU32>> =
+        Arc::new((0..consumers).map(|_| AtomicU32::new(0)).collect());
+    let finished = Arc::new(AtomicU32::new(0));
+    let release = |released: &Vec<AtomicU32>, finished: &AtomicU32, c: usize| {
+        assert_eq!(
+            finished.load(Ordering::Acquire),
+            1,
+            "consumer {c} released early"
+        );
+        released[c].fetch_add(1, Ordering::Relaxed);
+    };
+    let finisher = {
+        let (succ, fanin, released, finished) = (
+            succ.clone(),
+            fanin.clone(),
+            released.clone(),
+            finished.clone(),
+        );
+        thread::spawn(move || {
+            finished.store(1, Ordering::Release);
+            for c in succ.finish() {
+                if fanin[c as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                    release(&released, &finished, c as usize);
+                }
+            }
+        })
+    };
+    for c in 0..consumers {
+        fanin[c].fetch_add(1, Ordering::AcqRel);
+        if !succ.push(c as u32) {
+            // The producer finished: no edge.
+            fanin[c].fetch_sub(1, Ordering::AcqRel);
+            assert!(succ.is_finished());
+        }
+        if fanin[c].fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Ready at submit: its producer must have finished (the edge was refused).
+            assert!(succ.is_finished());
+            released[c].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    finisher.join().unwrap();
+    for c in 0..consumers {
+        assert_eq!(released[c].load(Ordering::Relaxed), 1, "consumer {c}");
+    }
+}
+
+#[test]
+fn an_edge_is_never_added_to_a_finished_producer_nor_lost() {
+    check("wiring, 2 consumers", None, || wiring_model(2));
+    // Past the inline entries: the overflow vector and its lock.
+    check("wiring, 6 consumers", Some(2), || wiring_model(6));
+}
+
+/// `producers` threads each queue `items` units of work (a counter) and notify; `workers`
+/// threads search, take work, and sleep when they find none, until all work is taken. A lost
+/// wake-up leaves a worker parked forever with work queued: a deadlock in the model.
+fn sleep_model(workers: usize, items: u32) {
+    let sleep = Arc::new(Sleep::default());
+    let queue = Arc::new(AtomicU32::new(0));
+    let taken = Arc::new(AtomicU32::new(0));
+    let total = items;
+    let take = |q: &AtomicU32| {
+        let mut v = q.load(Ordering::SeqCst);
+        while v > 0 {
+            match q.compare_exchange(v, v - 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return true,
+                Err(x) => v = x,
+            }
+        }
+        false
+    };
+    let hs: Vec<_> = (0..workers)
+        .map(|_| {
+            let (sleep, queue, taken) = (sleep.clone(), queue.clone(), taken.clone());
+            thread::spawn(move || loop {
+                if taken.load(Ordering::SeqCst) >= total {
+                    sleep.notify_all();
+                    return;
+                }
+                sleep.begin_search();
+                let got = loop {
+                    if take(&queue) {
+                        break true;
+                    }
+                    if taken.load(Ordering::SeqCst) >= total {
+                        break false;
+                    }
+                    sleep.sleep(
+                        || {
+                            queue.load(Ordering::SeqCst) > 0
+                                || taken.load(Ordering::SeqCst) >= total
+                        },
+                        Duration::from_secs(3600),
+                    );
+                };
+                if sleep.end_search() && queue.load(Ordering::SeqCst) > 0 {
+                    sleep.notify();
+                }
+                if got && taken.fetch_add(1, Ordering::SeqCst) + 1 >= total {
+                    // The last item: let the others see that all is done.
+                    sleep.notify_all();
+                }
+            })
+        })
+        .collect();
+    for _ in 0..items {
+        queue.fetch_add(1, Ordering::SeqCst);
+        sleep.notify();
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert_eq!(taken.load(Ordering::SeqCst), total);
+}
+
+#[test]
+fn a_sleeping_thread_never_misses_work() {
+    check("sleep, 1 worker, 2 items", Some(3), || sleep_model(1, 2));
+    check("sleep, 2 workers, 1 item", Some(2), || sleep_model(2, 1));
+}
