@@ -12,7 +12,7 @@ use pto_shm::segment_kind;
 use pto_shm::wait::WaitError;
 use pto_shm::{HeaderInit, Segment};
 
-use crate::region::Region;
+use crate::mapping::Mapping;
 use crate::window::{Window, WindowSpec};
 use crate::world::World;
 use crate::{Backend, CommError};
@@ -54,7 +54,7 @@ pub(crate) struct CommInner {
     /// This rank's dense rank.
     pub(crate) rank: usize,
     /// Where this communicator's barrier lives (the world segment, or the domain's).
-    ctrl: Region,
+    ctrl: Mapping,
     barrier_off: usize,
     /// Offset of the two pair-barrier flag lines in `ctrl` (used when the size is 2).
     pair_off: usize,
@@ -350,7 +350,7 @@ impl Comm {
                 seg.atomic_u32(512 + 4 * i)
                     .store(m, std::sync::atomic::Ordering::Release);
             }
-            Region::from(seg)
+            Mapping::from(seg)
         } else {
             let seg = w.open(&name, me, list[0], w.deadline())?;
             let h = seg.header();
@@ -362,7 +362,7 @@ impl Comm {
                     ours: n as u64,
                 });
             }
-            Region::from(seg)
+            Mapping::from(seg)
         };
         let dom = Comm {
             inner: Arc::new(CommInner {
@@ -425,7 +425,7 @@ impl Comm {
         }
         let ctrl = match m.mode() {
             crate::mpi::Mode::Shared => m.shared_alloc(name.clone(), len, rank, w.deadline())?,
-            crate::mpi::Mode::Rma => Region::from(Arc::new(Segment::anonymous(
+            crate::mpi::Mode::Rma => Mapping::from(Arc::new(Segment::anonymous(
                 &name,
                 len,
                 HeaderInit::default(),

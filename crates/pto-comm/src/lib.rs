@@ -49,8 +49,8 @@ pub mod mpi;
 mod mpi_off;
 #[cfg(not(feature = "mpi"))]
 use mpi_off as mpi;
+mod mapping;
 mod queue;
-mod region;
 pub mod shm;
 mod window;
 mod world;

@@ -45,7 +45,7 @@ use parking_lot::{Mutex, ReentrantMutex, ReentrantMutexGuard};
 use pto_core::DType;
 
 use crate::comm::{Comm, RankGuard};
-use crate::region::{Memory, Region};
+use crate::mapping::{Mapping, Memory};
 use crate::world::{world_len, Provider, World};
 use crate::{CommError, ReduceOp, MAX_RANKS};
 
@@ -292,7 +292,7 @@ impl MpiComm {
         len: usize,
         rank: usize,
         deadline: Instant,
-    ) -> Result<Region, CommError> {
+    ) -> Result<Mapping, CommError> {
         let mine = if rank == 0 { len + 64 } else { 0 };
         // SAFETY: out-parameters written by the calls; the window stays allocated until
         // MPI_Finalize (windows are not freed earlier: freeing is collective and drops are not).
@@ -343,7 +343,7 @@ impl MpiComm {
             base
         };
         self.barrier(deadline)?;
-        Ok(Region::new(Arc::new(MpiMemory {
+        Ok(Mapping::new(Arc::new(MpiMemory {
             base: H(base),
             len,
             name,
@@ -357,7 +357,7 @@ impl MpiComm {
         name: String,
         len: usize,
         deadline: Instant,
-    ) -> Result<(Region, RmaWin), CommError> {
+    ) -> Result<(Mapping, RmaWin), CommError> {
         // SAFETY: out-parameters written by the calls; the memory is owned by MPI until
         // MPI_Finalize (see `shared_alloc`).
         let (base, win, pad) = unsafe {
@@ -390,7 +390,7 @@ impl MpiComm {
         let mut pads = vec![0u8; self.size()?];
         // The exchange also serves as the barrier after zeroing.
         self.allgather(&[pad as u8], &mut pads, deadline)?;
-        let region = Region::new(Arc::new(MpiMemory {
+        let region = Mapping::new(Arc::new(MpiMemory {
             base: H(base),
             len,
             name,
@@ -1045,7 +1045,7 @@ pub fn init() -> Result<Comm, CommError> {
         Mode::Shared => world_comm.shared_alloc("mpi.world".into(), len, rank, deadline)?,
         // Nothing of the world is shared across nodes: the control words are this rank's own
         // (barriers and aborts go through MPI).
-        Mode::Rma => Region::from(Arc::new(pto_shm::Segment::anonymous(
+        Mode::Rma => Mapping::from(Arc::new(pto_shm::Segment::anonymous(
             "mpi.world",
             len,
             pto_shm::HeaderInit::default(),

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use pto_core::DType;
 
-use crate::region::Region;
+use crate::mapping::Mapping;
 use crate::{CommError, ReduceOp};
 
 #[allow(dead_code)]
@@ -48,7 +48,7 @@ impl MpiComm {
         _: usize,
         _: usize,
         _: Instant,
-    ) -> Result<Region, CommError> {
+    ) -> Result<Mapping, CommError> {
         match *self {}
     }
     pub(crate) fn win_allocate(
@@ -56,7 +56,7 @@ impl MpiComm {
         _: String,
         _: usize,
         _: Instant,
-    ) -> Result<(Region, RmaWin), CommError> {
+    ) -> Result<(Mapping, RmaWin), CommError> {
         match **self {}
     }
     pub(crate) fn allreduce(

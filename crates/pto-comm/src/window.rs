@@ -21,8 +21,8 @@ use pto_shm::wait::{wait_until, wake};
 use pto_shm::HeaderInit;
 
 use crate::comm::{wait_err, Comm};
+use crate::mapping::Mapping;
 use crate::mpi::{Mode, MpiComm, RmaWin};
-use crate::region::Region;
 use crate::CommError;
 
 const OFF_BARRIER: usize = 256;
@@ -132,7 +132,7 @@ pub enum SignalOp {
 
 struct WindowInner {
     comm: Comm,
-    seg: Region,
+    seg: Mapping,
     name: String,
     size: usize,
     stride: usize,
@@ -214,7 +214,7 @@ fn carve(spec: &WindowSpec) -> Result<Vec<BufferRef>, CommError> {
 
 /// The local part of a window, lent to pto-core as a buffer.
 struct LocalPart {
-    seg: Region,
+    seg: Mapping,
     offset: usize,
     len: usize,
 }
@@ -301,7 +301,7 @@ impl Window {
         let w = Window {
             inner: Arc::new(WindowInner {
                 comm: comm.clone(),
-                seg: Region::from(seg),
+                seg: Mapping::from(seg),
                 name: name.clone(),
                 size: spec.bytes,
                 stride,

@@ -26,7 +26,7 @@ use pto_shm::process::ProcessId;
 use pto_shm::segment_kind;
 use pto_shm::{HeaderInit, Segment, ShmError, HEADER_LEN};
 
-use crate::region::Region;
+use crate::mapping::Mapping;
 use crate::{Backend, CommError, MAX_RANKS};
 
 pub(crate) const OFF_ABORT: usize = 256;
@@ -67,7 +67,7 @@ pub(crate) enum Provider {
 
 /// Everything the ranks of one world share.
 pub(crate) struct World {
-    pub(crate) seg: Region,
+    pub(crate) seg: Mapping,
     pub(crate) size: usize,
     pub(crate) provider: Provider,
     /// Prefix of the names of this world's domain and window segments.
@@ -371,7 +371,7 @@ pub(crate) fn create_world(
         }
     };
     Ok(World {
-        seg: Region::from(Arc::new(seg)),
+        seg: Mapping::from(Arc::new(seg)),
         size,
         provider,
         prefix,
@@ -418,7 +418,7 @@ pub(crate) fn open_world(
     }
     let prefix = name.trim_end_matches(".world").to_string();
     Ok(World {
-        seg: Region::from(Arc::new(seg)),
+        seg: Mapping::from(Arc::new(seg)),
         size,
         provider: Provider::Shm,
         prefix,

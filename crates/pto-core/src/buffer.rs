@@ -38,7 +38,7 @@ use std::sync::Weak;
 
 use parking_lot::Mutex;
 
-use crate::tensor::{intersects, Region};
+use crate::geometry::{intersects, Region};
 
 /// Alignment of every buffer's base address, in bytes.
 pub const BUFFER_ALIGN: usize = 64;

@@ -4,8 +4,10 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::args::TaskId;
+use crate::buffer::AllocError;
+use crate::dtype::DType;
+use crate::geometry::MAX_DIMS;
 use crate::kernel::{CoreId, CoreKind, RegistryError};
-use crate::tensor::TensorError;
 
 /// Why a task failed: which task, kernel, core and block, and the message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,4 +174,82 @@ impl RunError {
             _ => pto_shm::Fault::Runtime,
         }
     }
+}
+
+/// Errors from building, viewing or accessing tensors.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TensorError {
+    /// A tensor needs 1 to [`MAX_DIMS`] dimensions.
+    #[error("a tensor has 1 to {MAX_DIMS} dimensions, not {ndims}")]
+    BadRank {
+        /// The rank asked for.
+        ndims: usize,
+    },
+    /// Strides must be positive.
+    #[error("stride of dimension {dim} is 0; strides must be positive")]
+    ZeroStride {
+        /// The dimension.
+        dim: usize,
+    },
+    /// The view reaches past the end of its buffer.
+    #[error("view needs bytes up to {needed} but its buffer has {len}")]
+    OutOfBuffer {
+        /// One past the last byte the view touches.
+        needed: usize,
+        /// The buffer's length.
+        len: usize,
+    },
+    /// Sizes overflow `usize`.
+    #[error("tensor size overflows")]
+    Overflow,
+    /// A sub-view or index falls outside the tensor.
+    #[error("{what}: {detail}")]
+    OutOfRange {
+        /// Which operation.
+        what: &'static str,
+        /// What was out of range.
+        detail: String,
+    },
+    /// Reshape needs the same number of elements and a contiguous tensor.
+    #[error("cannot reshape {from:?} into {to:?}: {why}")]
+    Reshape {
+        /// Old shape.
+        from: Vec<usize>,
+        /// New shape.
+        to: Vec<usize>,
+        /// Why not.
+        why: &'static str,
+    },
+    /// Typed access with the wrong element type.
+    #[error("tensor has dtype {actual}, accessed as {expected}")]
+    DTypeMismatch {
+        /// The type the access asked for.
+        expected: DType,
+        /// The tensor's dtype.
+        actual: DType,
+    },
+    /// A slice of data does not match the tensor's element count.
+    #[error("tensor has {expected} elements, data has {actual}")]
+    LengthMismatch {
+        /// Elements in the tensor.
+        expected: usize,
+        /// Elements supplied.
+        actual: usize,
+    },
+    /// The memory is in use by a task that overlaps this access.
+    #[error("buffer {buffer} is in use by a running task that overlaps this access")]
+    Busy {
+        /// The buffer's id.
+        buffer: u64,
+    },
+    /// The runtime-allocated output was reclaimed after its scope ended.
+    #[error("tensor produced by task {task} was reclaimed when its scope ended; read it inside the scope")]
+    Stale {
+        /// The producer.
+        task: TaskId,
+    },
+    /// Allocation failed.
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
 }

@@ -56,6 +56,7 @@ mod dtype;
 #[doc(hidden)]
 pub mod engine;
 mod error;
+mod geometry;
 mod kernel;
 mod tensor;
 pub mod trace;

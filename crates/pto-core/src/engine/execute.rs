@@ -468,7 +468,7 @@ impl crate::buffer::RunningTasks for Engine {
     fn collides(
         &self,
         buffer: u64,
-        region: &crate::tensor::Region,
+        region: &crate::geometry::Region,
         write: bool,
         token: u64,
     ) -> Option<u64> {

@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use super::TaskRef;
-use crate::tensor::{overlap, Overlap, Region};
+use crate::geometry::{overlap, Overlap, Region};
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {

@@ -36,12 +36,12 @@ unsafe impl Memory for Segment {
 
 /// A shared handle on some [`Memory`].
 #[derive(Clone)]
-pub(crate) struct Region(Arc<dyn Memory>);
+pub(crate) struct Mapping(Arc<dyn Memory>);
 
-impl Region {
+impl Mapping {
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    pub(crate) fn new(m: Arc<dyn Memory>) -> Region {
-        Region(m)
+    pub(crate) fn new(m: Arc<dyn Memory>) -> Mapping {
+        Mapping(m)
     }
 
     pub(crate) fn as_ptr(&self) -> *mut u8 {
@@ -76,7 +76,7 @@ impl Region {
     ///
     /// # Panics
     ///
-    /// As [`Region::atomic_u32`].
+    /// As [`Mapping::atomic_u32`].
     pub(crate) fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
         assert!(
             offset.is_multiple_of(8) && offset + 8 <= self.len(),
@@ -88,8 +88,8 @@ impl Region {
     }
 }
 
-impl From<Arc<Segment>> for Region {
-    fn from(s: Arc<Segment>) -> Region {
-        Region(s)
+impl From<Arc<Segment>> for Mapping {
+    fn from(s: Arc<Segment>) -> Mapping {
+        Mapping(s)
     }
 }
