@@ -8,10 +8,11 @@
 
 use std::time::{Duration, Instant};
 
-use loom::sync::atomic::AtomicU32;
+use loom::sync::atomic::{AtomicU32, AtomicU64};
 use loom::sync::Arc;
 use loom::thread;
 
+use pto_core::engine::orchwait::OrchWait;
 use pto_core::engine::sleep::Sleep;
 use pto_core::engine::succ::SuccList;
 use pto_shm::sync::Ordering;
@@ -156,4 +157,50 @@ fn sleep_model(workers: usize, items: u32) {
 fn a_sleeping_thread_never_misses_work() {
     check("sleep, 1 worker, 2 items", Some(3), || sleep_model(1, 2));
     check("sleep, 2 workers, 1 item", Some(2), || sleep_model(2, 1));
+}
+
+/// The orchestrating thread waits for task 1 (a read) or for a count of finished tasks (ring
+/// space) while core threads finish tasks 0 and 1 (each counts, then tells the `OrchWait`). A
+/// lost wake-up leaves the orchestrator parked forever: a deadlock in the model.
+fn orch_wait_model(by_task: bool) {
+    let wait = Arc::new(OrchWait::default());
+    let counts: Arc<[AtomicU64; 2]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let done: Arc<[AtomicU32; 2]> = Arc::new([AtomicU32::new(0), AtomicU32::new(0)]);
+    let finishers: Vec<_> = (0..2u64)
+        .map(|id| {
+            let (wait, counts, done) = (wait.clone(), counts.clone(), done.clone());
+            thread::spawn(move || {
+                done[id as usize].store(1, Ordering::Release);
+                counts[id as usize].fetch_add(1, Ordering::SeqCst);
+                wait.finished(id, || {
+                    counts[0].load(Ordering::SeqCst) + counts[1].load(Ordering::SeqCst)
+                });
+            })
+        })
+        .collect();
+    let total = || counts[0].load(Ordering::SeqCst) + counts[1].load(Ordering::SeqCst);
+    let forever = Duration::from_secs(3600);
+    if by_task {
+        // As `Orch::wait_producers`: count, look, park for the task seen pending.
+        loop {
+            let before = total();
+            if done[1].load(Ordering::Acquire) == 1 {
+                break;
+            }
+            wait.park_for_task(1, before, total, forever);
+        }
+    } else {
+        while total() < 2 {
+            wait.park_until(2, total, forever);
+        }
+    }
+    for h in finishers {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn the_orchestrating_thread_never_misses_its_wake_up() {
+    check("orch wait for a task", Some(3), || orch_wait_model(true));
+    check("orch wait for a count", Some(3), || orch_wait_model(false));
 }

@@ -11,7 +11,6 @@ use super::ChipConfig;
 use crate::args::{TaskArgs, TaskId};
 use crate::dtype::Element;
 use crate::engine::submit::{Blocked, Orchestrator};
-use crate::engine::sync::{AtomicU32, Park};
 use crate::engine::{remaining, Engine};
 use crate::error::OrchError;
 use crate::kernel::{KernelRef, KernelRegistry};
@@ -44,16 +43,11 @@ impl Submitted {
 }
 
 /// Parks the orchestrating thread until `engine.finished` reaches `at` (or `timeout` passes,
-/// or the cores run out of work). The store of `wake_at` and the re-check of `finished` pair
-/// with the completing thread's increment and load (both `SeqCst`), so the wake-up is not lost.
+/// or the cores run out of work); see `crate::engine::orchwait`.
 pub(crate) fn park_until(engine: &Engine, at: u64, timeout: Duration) {
-    let word: &AtomicU32 = &engine.orch.word;
-    let seen = word.load(crate::engine::sync::Ordering::Acquire);
-    engine.orch.wake_at.store(at, Ordering::SeqCst);
-    if engine.finished_total() < at {
-        word.park(seen, timeout);
-    }
-    engine.orch.wake_at.store(u64::MAX, Ordering::SeqCst);
+    engine
+        .orch
+        .park_until(at, || engine.finished_total(), timeout);
 }
 
 /// The orchestration API: submit tasks, open scopes, read results.
@@ -215,7 +209,9 @@ impl<'a> Orch<'a> {
         let deadline = Instant::now() + self.wait;
         let start = Instant::now();
         loop {
-            let pending = self.state.pending_for(t, write)?;
+            // Counted before the look: a completion after it makes the park below return.
+            let before = self.engine.finished_total();
+            let (pending, one) = self.state.pending_for(t, write)?;
             if pending == 0 {
                 return Ok(());
             }
@@ -225,8 +221,18 @@ impl<'a> Orch<'a> {
                     pending,
                 });
             };
-            let done = self.engine.finished_total();
-            self.wait_finished(done + 1, left, start);
+            // While deferred tasks wait, their conditions come from elsewhere, after a while:
+            // park at once rather than spin beside the thread that polls them.
+            if start.elapsed() < self.spin && !self.engine.has_waiting.load(Ordering::Acquire) {
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+                std::thread::yield_now();
+            } else {
+                self.engine
+                    .orch
+                    .park_for_task(one, before, || self.engine.finished_total(), left);
+            }
         }
     }
 

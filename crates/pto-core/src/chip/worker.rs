@@ -8,8 +8,13 @@ use std::time::{Duration, Instant};
 use crate::engine::execute::Job;
 use crate::engine::{decode_current, Engine};
 
-/// Longest park while deferred tasks wait (their conditions do not wake anyone).
+/// How long the polling thread polls waiting deferred tasks closely before it naps.
+const DEFERRED_POLL: Duration = Duration::from_millis(1);
+/// Longest nap of the polling thread while deferred tasks wait (their conditions wake no one).
 const DEFERRED_NAP_MAX: Duration = Duration::from_millis(1);
+/// Longest park of the other idle threads while deferred tasks wait: one of them takes over
+/// polling if the polling thread is busy running a kernel.
+const DEFERRED_PARK: Duration = Duration::from_millis(2);
 /// Longest park otherwise; only bounds a lost wake-up, which the protocol rules out.
 const IDLE_PARK: Duration = Duration::from_millis(250);
 
@@ -36,12 +41,16 @@ pub(crate) fn main(e: &Engine, tid: usize) {
     }
 }
 
-/// Looks for work: spins for the chip's spin time, polling deferred tasks too, then parks
-/// until notified; returns the job it found (`None` at shutdown).
+/// Looks for work: spins for the chip's spin time, then parks until notified; returns the job
+/// it found (`None` at shutdown). While deferred tasks wait, one searching thread becomes the
+/// poller: it polls their conditions closely for a while (the latency from "condition holds"
+/// to "consumer runs" is what deferred tasks are for), then naps briefly between polls. The
+/// others spin and park as usual, so pollers never crowd out the threads that set conditions.
 fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
     e.sleep.begin_search();
     let mut naps = 0u32;
     let mut none = None;
+    let mut poller = false;
     let found = 'outer: loop {
         let start = Instant::now();
         let mut i = 0u32;
@@ -52,37 +61,54 @@ fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
             if e.shutdown.load(Ordering::Acquire) {
                 break 'outer None;
             }
-            // Deferred tasks, and completions posted for them (checked now and then: the
-            // queue may live in shared memory).
-            if (e.has_waiting.load(Ordering::Acquire)
-                || (i.is_multiple_of(256) && !e.sender.host.queue().is_empty()))
+            let waiting = e.has_waiting.load(Ordering::Acquire);
+            if waiting && !poller {
+                poller = e
+                    .polling
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok();
+            }
+            // Completions may be posted for tasks that have not deferred yet: drain now and
+            // then (the queue may live in shared memory).
+            if ((poller && waiting) || (i.is_multiple_of(256) && !e.sender.host.queue().is_empty()))
                 && e.poll_async(Some(tid))
             {
                 naps = 0;
                 continue;
             }
             i = i.wrapping_add(1);
-            if i.is_multiple_of(32) {
-                if start.elapsed() >= e.spin {
+            if i.is_multiple_of(64) {
+                let spin = if poller && waiting {
+                    e.spin.max(DEFERRED_POLL)
+                } else {
+                    e.spin
+                };
+                if start.elapsed() >= spin {
                     break;
                 }
-                std::thread::yield_now();
+                if i.is_multiple_of(256) {
+                    std::thread::yield_now();
+                }
             } else {
                 std::hint::spin_loop();
             }
         }
-        // Deferred tasks wait on conditions nobody signals: nap briefly and poll again.
-        let timeout = if e.has_waiting.load(Ordering::Acquire) {
+        let timeout = if !e.has_waiting.load(Ordering::Acquire) {
+            IDLE_PARK
+        } else if poller {
             naps = (naps + 1).min(20);
             (Duration::from_micros(50) * naps).min(DEFERRED_NAP_MAX)
         } else {
-            IDLE_PARK
+            DEFERRED_PARK
         };
         e.sleep.sleep(
             || e.has_ready() || e.shutdown.load(Ordering::Acquire),
             timeout,
         );
     };
+    if poller {
+        e.polling.store(false, Ordering::Release);
+    }
     if e.sleep.end_search() && e.has_ready() {
         // The last searcher took work and more is queued: let another thread look.
         e.sleep.notify();

@@ -413,7 +413,7 @@ impl Engine {
             }
             // The body may be reclaimed from here on: nothing below reads it.
             s.refs.fetch_sub(1, Ordering::AcqRel);
-            self.count_finished(tid);
+            self.count_finished(tid, id);
         }
         next
     }

@@ -17,6 +17,8 @@
 pub(crate) mod cores;
 pub(crate) mod deferred;
 pub(crate) mod execute;
+#[doc(hidden)]
+pub mod orchwait;
 pub(crate) mod ring;
 pub(crate) mod slab;
 #[doc(hidden)]
@@ -42,6 +44,7 @@ use crate::kernel::CoreKind;
 use crate::trace::Trace;
 use cores::Cores;
 use deferred::DeferredState;
+use orchwait::OrchWait;
 use slab::Slab;
 use sleep::Sleep;
 
@@ -116,23 +119,6 @@ pub(crate) fn decode_current(v: u64) -> Option<(u32, u64)> {
     (v != 0).then(|| (((v >> TOKEN_TASK_BITS) - 1) as u32, v & TOKEN_TASK_MASK))
 }
 
-/// Where the orchestrating thread waits (ring space, a read, the end of a run): a futex word
-/// and the finished-task count it waits for. Completions wake it only when that count is
-/// reached, so a serial chain costs one wake-up per batch, not one per task.
-#[derive(Debug)]
-pub(crate) struct OrchWait {
-    pub(crate) word: sync::AtomicU32,
-    /// Wake once `finished` reaches this; `u64::MAX` while it does not wait.
-    pub(crate) wake_at: AtomicU64,
-}
-
-impl OrchWait {
-    fn wake(&self) {
-        self.word.fetch_add(1, sync::Ordering::Release);
-        sync::Park::unpark_all(&self.word);
-    }
-}
-
 /// Per-run bookkeeping shared by every thread.
 #[derive(Debug, Default)]
 pub(crate) struct RunShared {
@@ -167,6 +153,8 @@ pub(crate) struct Engine {
     pub(crate) deferred: Mutex<DeferredState>,
     /// True while deferred tasks wait (cheap check before taking `deferred`).
     pub(crate) has_waiting: AtomicBool,
+    /// An idle thread polls the waiting deferred tasks closely (the others park).
+    pub(crate) polling: AtomicBool,
     pub(crate) trace: Mutex<Option<Trace>>,
     pub(crate) tracing: AtomicBool,
     pub(crate) shutdown: AtomicBool,
@@ -205,10 +193,7 @@ impl Engine {
             queues: [Injector::new(), Injector::new(), Injector::new()],
             cores: Cores::new(cfg.aic, cfg.aiv),
             sleep: Sleep::default(),
-            orch: OrchWait {
-                word: sync::AtomicU32::new(0),
-                wake_at: AtomicU64::new(u64::MAX),
-            },
+            orch: OrchWait::default(),
             threads: (0..cfg.threads)
                 .map(|_| CachePadded::new(ThreadSlot::default()))
                 .collect(),
@@ -222,6 +207,7 @@ impl Engine {
             completions: AtomicU64::new(0),
             deferred: Mutex::new(DeferredState::default()),
             has_waiting: AtomicBool::new(false),
+            polling: AtomicBool::new(false),
             trace: Mutex::new(None),
             tracing: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
@@ -243,24 +229,19 @@ impl Engine {
 
     /// Counts a finished task (on core thread `tid`, or elsewhere) and wakes the orchestrating
     /// thread if it waits for this many. The increment and the load of `wake_at` pair with the
-    /// orchestrator's store of `wake_at` and its sum (all `SeqCst`).
-    pub(crate) fn count_finished(&self, tid: Option<usize>) {
+    /// orchestrator's store of `wake_at` (or `wake_task`) and its sum (all `SeqCst`).
+    pub(crate) fn count_finished(&self, tid: Option<usize>, id: u64) {
         match tid.and_then(|t| self.threads.get(t)) {
             Some(t) => t.finished.fetch_add(1, Ordering::SeqCst),
             None => self.finished_other.fetch_add(1, Ordering::SeqCst),
         };
-        let at = self.orch.wake_at.load(Ordering::SeqCst);
-        if at != u64::MAX && self.finished_total() >= at {
-            self.orch.wake();
-        }
+        self.orch.finished(id, || self.finished_total());
     }
 
     /// The cores ran out of work: wake the orchestrating thread if it waits, so that it
     /// refills them now.
     pub(crate) fn idle_poke(&self) {
-        if self.orch.wake_at.load(Ordering::SeqCst) != u64::MAX {
-            self.orch.wake();
-        }
+        self.orch.poke();
     }
 
     /// True when some ready queue holds an entry.

@@ -593,8 +593,13 @@ impl Orchestrator {
         }
     }
 
-    /// The producers a host read (or write) of `t` must wait for; `Err` names a failed one.
-    pub(crate) fn pending_for(&mut self, t: &Tensor, write: bool) -> Result<usize, OrchError> {
+    /// The producers a host read (or write) of `t` must wait for: how many, and the id of one
+    /// of them; `Err` names a failed one.
+    pub(crate) fn pending_for(
+        &mut self,
+        t: &Tensor,
+        write: bool,
+    ) -> Result<(usize, u64), OrchError> {
         let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
         let slab = &self.engine.slab;
         let retired = &self.retired_failed;
@@ -620,7 +625,7 @@ impl Orchestrator {
                 return Err(self.poison_error(o.task.0, Some(*root)));
             }
         }
-        let mut pending = 0;
+        let (mut pending, mut one) = (0, 0);
         for d in deps {
             let s = self.engine.slab.get(d.slot);
             if s.id.load(Ordering::Acquire) == d.id {
@@ -630,13 +635,16 @@ impl Orchestrator {
                         return Err(self.poison_error(d.id, r.checked_sub(1)));
                     }
                     State::Done => {}
-                    _ => pending += 1,
+                    _ => {
+                        pending += 1;
+                        one = d.id;
+                    }
                 }
             } else if let Some(root) = self.retired_failed.get(&d.id) {
                 return Err(self.poison_error(d.id, Some(*root)));
             }
         }
-        Ok(pending)
+        Ok((pending, one))
     }
 
     fn poison_error(&self, task: u64, root: Option<u64>) -> OrchError {

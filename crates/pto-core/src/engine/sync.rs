@@ -2,4 +2,4 @@
 //! (through `pto_shm::sync`), so that the successor list and the sleep protocol can be
 //! model-checked (`tests/loom.rs`, `scripts/loom.sh`).
 
-pub use pto_shm::sync::{fence, AtomicU32, Mutex, Ordering, Park};
+pub use pto_shm::sync::{fence, AtomicU32, AtomicU64, Mutex, Ordering, Park};
