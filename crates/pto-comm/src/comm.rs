@@ -1,21 +1,23 @@
 //! Communicators: a rank's view of a world or of a domain (a subset of ranks, dense 0..n).
 
-#![allow(unsafe_code)]
-
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use pto_shm::barrier::Barrier;
 use pto_shm::segment_kind;
-use pto_shm::wait::WaitError;
 use pto_shm::{HeaderInit, Segment};
 
-use crate::mapping::Mapping;
-use crate::window::{Window, WindowSpec};
-use crate::world::World;
-use crate::{Backend, CommError};
+use crate::backend::mapped::MappedComm;
+use crate::backend::mapping::Mapping;
+use crate::backend::{wait_err, Backend, CommIo};
+use crate::error::{Cause, CommError};
+use crate::world::{World, OFF_BARRIER, OFF_PAIR};
+
+/// Layout of a domain's control segment: barrier, pair-barrier flags, member list.
+const DOM_BARRIER: usize = 256;
+const DOM_PAIR: usize = 384;
+const DOM_MEMBERS: usize = 512;
 
 /// Per-rank state shared by every communicator of that rank: marks the rank exited (or failed,
 /// when dropped during a panic) once the last handle goes.
@@ -53,18 +55,11 @@ pub(crate) struct CommInner {
     pub(crate) members: Vec<u32>,
     /// This rank's dense rank.
     pub(crate) rank: usize,
-    /// Where this communicator's barrier lives (the world segment, or the domain's).
-    ctrl: Mapping,
-    barrier_off: usize,
-    /// Offset of the two pair-barrier flag lines in `ctrl` (used when the size is 2).
-    pair_off: usize,
-    /// Barriers this rank has passed in this communicator (the pair barrier's epoch).
-    epoch: std::sync::atomic::AtomicU32,
+    /// How the members meet (the backend boundary).
+    pub(crate) io: CommIo,
     /// Names of segments derived from this communicator start with this key.
     pub(crate) key: String,
-    window_seq: Mutex<u64>,
-    /// The MPI communicator (mpi backend).
-    pub(crate) mpi: Option<Arc<crate::mpi::MpiComm>>,
+    pub(crate) window_seq: Mutex<u64>,
 }
 
 /// A rank's communicator: its rank and size, a barrier, domains, and symmetric windows.
@@ -87,23 +82,6 @@ impl fmt::Debug for Comm {
     }
 }
 
-pub(crate) fn wait_err(
-    what: impl FnOnce() -> String,
-    rank: usize,
-) -> impl FnOnce(WaitError<CommError>) -> CommError {
-    move |e| match e {
-        WaitError::Check(e) => {
-            tracing::debug!(rank, error = %e, "wait ended by a peer's failure");
-            e
-        }
-        WaitError::Timeout { waited } => {
-            let what = what();
-            tracing::debug!(rank, what, ?waited, "wait deadline passed");
-            CommError::Timeout { what, rank, waited }
-        }
-    }
-}
-
 fn hash_members(m: &[u32]) -> u64 {
     // FNV-1a: stable across processes (unlike the std hasher).
     m.iter()
@@ -122,13 +100,9 @@ impl Comm {
             inner: Arc::new(CommInner {
                 members: (0..size as u32).collect(),
                 rank,
-                ctrl: w.seg.clone(),
-                barrier_off: crate::world::OFF_BARRIER,
-                pair_off: crate::world::OFF_PAIR,
-                epoch: std::sync::atomic::AtomicU32::new(0),
+                io: w.transport.world_io(w.seg.clone(), OFF_BARRIER, OFF_PAIR),
                 key: w.prefix.clone(),
                 window_seq: Mutex::new(0),
-                mpi: w.mpi().cloned(),
                 guard,
             }),
         }
@@ -193,16 +167,16 @@ impl Comm {
     /// [`Comm::check`] finds one aborted (not by this rank), dead, failed or gone; nobody's in
     /// particular when the message is a wait that ran out; else this rank's own. A report
     /// leads with the failures that are not consequences.
-    pub fn cause_of(&self, message: &str) -> crate::Cause {
+    pub fn cause_of(&self, message: &str) -> Cause {
         match self.check() {
             Err(CommError::Aborted { rank, .. }) if rank == self.world_rank() => {}
-            Err(_) => return crate::Cause::Peer,
+            Err(_) => return Cause::Peer,
             Ok(()) => {}
         }
         if message.contains("timed out after") {
-            crate::Cause::Timeout
+            Cause::Timeout
         } else {
-            crate::Cause::Own
+            Cause::Own
         }
     }
 
@@ -211,19 +185,6 @@ impl Comm {
     pub fn abort(&self, message: &str) {
         tracing::warn!(rank = self.world_rank(), message, "aborting the world");
         self.world_ref().abort(self.world_rank(), message);
-    }
-
-    fn barrier_words(&self) -> &Barrier {
-        // SAFETY: `barrier_off` is the offset of a zero-initialised `Barrier` inside `ctrl`
-        // (the world or domain layout), 4-aligned; it is only accessed atomically.
-        unsafe {
-            &*self
-                .inner
-                .ctrl
-                .as_ptr()
-                .add(self.inner.barrier_off)
-                .cast::<Barrier>()
-        }
     }
 
     /// Waits until every member has called `barrier`.
@@ -239,53 +200,13 @@ impl Comm {
     pub fn barrier(&self) -> Result<(), CommError> {
         let w = self.world_ref();
         w.check_abort()?;
-        if let Some(m) = &self.inner.mpi {
-            return m.barrier(w.deadline());
-        }
-        if self.size() == 2 {
-            return self.pair_barrier();
-        }
-        self.barrier_words()
-            .wait(self.size() as u32, w.deadline(), || self.check())
+        self.inner
+            .io
+            .barrier(self.rank(), self.size(), w.deadline(), || self.check())
             .map_err(wait_err(
                 || format!("barrier of {} ranks", self.size()),
                 self.world_rank(),
             ))
-    }
-
-    /// Two ranks: each adds one to the other's arrival counter and waits until its own reaches
-    /// the number of barriers it has entered. One cache-line transfer each way, in parallel,
-    /// instead of the central barrier's three in sequence. Counters only grow, so a fast rank
-    /// re-entering at once is harmless.
-    fn pair_barrier(&self) -> Result<(), CommError> {
-        let epoch = self
-            .inner
-            .epoch
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            .wrapping_add(1);
-        let me = self.rank();
-        let line = |r: usize| self.inner.pair_off + 64 * r;
-        let (theirs, their_sleepers) = (
-            self.inner.ctrl.atomic_u32(line(1 - me)),
-            self.inner.ctrl.atomic_u32(line(1 - me) + 4),
-        );
-        theirs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        pto_shm::wait::wake(theirs, their_sleepers);
-        let (mine, my_sleepers) = (
-            self.inner.ctrl.atomic_u32(line(me)),
-            self.inner.ctrl.atomic_u32(line(me) + 4),
-        );
-        pto_shm::wait::wait_until(
-            mine,
-            my_sleepers,
-            |v| (v.wrapping_sub(epoch) as i32) >= 0,
-            self.world_ref().deadline(),
-            || self.check(),
-        )
-        .map_err(wait_err(
-            || "barrier of 2 ranks".to_string(),
-            self.world_rank(),
-        ))
     }
 
     /// A communicator over a subset of the world: `members` lists world ranks, and a member's
@@ -328,13 +249,13 @@ impl Comm {
             *e += 1;
             *e
         };
-        let name = format!("{}.d{:x}-{seq}", w.prefix, hash_members(&list));
+        let hash = hash_members(&list);
+        let name = format!("{}.d{hash:x}-{seq}", w.prefix);
         let n = list.len();
-        // Domain control: barrier at 256, pair-barrier flags at 384, member list at 512.
-        let len = 512 + 4 * n;
-        if let Some(wm) = w.mpi() {
-            return self.mpi_domain(wm, list, rank, seq, name, len);
+        if let Some(io) = self.inner.io.subgroup(&list, hash ^ seq)? {
+            return self.library_domain(io, list, rank, name);
         }
+        let len = DOM_MEMBERS + 4 * n;
         let ctrl = if rank == 0 {
             let seg = w.create(
                 &name,
@@ -347,7 +268,7 @@ impl Comm {
                 },
             )?;
             for (i, &m) in list.iter().enumerate() {
-                seg.atomic_u32(512 + 4 * i)
+                seg.atomic_u32(DOM_MEMBERS + 4 * i)
                     .store(m, std::sync::atomic::Ordering::Release);
             }
             Mapping::from(seg)
@@ -369,22 +290,16 @@ impl Comm {
                 guard: self.inner.guard.clone(),
                 members: list.clone(),
                 rank,
-                ctrl,
-                barrier_off: 256,
-                pair_off: 384,
-                epoch: std::sync::atomic::AtomicU32::new(0),
+                io: CommIo::Mapped(MappedComm::new(ctrl.clone(), DOM_BARRIER, DOM_PAIR)),
                 key: name.clone(),
                 window_seq: Mutex::new(0),
-                mpi: None,
             }),
         };
         // Everyone joined (the creator's list is published before its barrier arrival).
         dom.barrier()?;
         for (i, &m) in list.iter().enumerate() {
-            let theirs = dom
-                .inner
-                .ctrl
-                .atomic_u32(512 + 4 * i)
+            let theirs = ctrl
+                .atomic_u32(DOM_MEMBERS + 4 * i)
                 .load(std::sync::atomic::Ordering::Acquire);
             if theirs != m {
                 return Err(CommError::Mismatch {
@@ -401,84 +316,34 @@ impl Comm {
         Ok(dom)
     }
 
-    /// A domain of an MPI job: an MPI communicator over the members
-    /// (`MPI_Comm_create_group`, called by the members only); its control words are shared
-    /// memory on one node and this rank's own otherwise (its barrier is MPI's).
-    fn mpi_domain(
+    /// A domain over a library communicator (`io`, created by the members only): the members
+    /// agree on the list through it.
+    fn library_domain(
         &self,
-        wm: &crate::mpi::MpiComm,
+        io: CommIo,
         list: Vec<u32>,
         rank: usize,
-        seq: u64,
         name: String,
-        len: usize,
     ) -> Result<Comm, CommError> {
         let w = self.world_ref();
-        let hash = hash_members(&list);
-        let m = Arc::new(wm.create_group(&list, hash ^ seq)?);
-        let (lo, hi) = m.min_max(hash, w.deadline())?;
-        if lo != hi {
-            return Err(CommError::BadDomain {
-                members: list.iter().map(|&r| r as usize).collect(),
-                why: "the members passed different lists".into(),
-            });
+        if let Some((lo, hi)) = io.agree(hash_members(&list), w.deadline())? {
+            if lo != hi {
+                return Err(CommError::BadDomain {
+                    members: list.iter().map(|&r| r as usize).collect(),
+                    why: "the members passed different lists".into(),
+                });
+            }
         }
-        let ctrl = match m.mode() {
-            crate::mpi::Mode::Shared => m.shared_alloc(name.clone(), len, rank, w.deadline())?,
-            crate::mpi::Mode::Rma => Mapping::from(Arc::new(Segment::anonymous(
-                &name,
-                len,
-                HeaderInit::default(),
-            )?)),
-        };
         Ok(Comm {
             inner: Arc::new(CommInner {
                 guard: self.inner.guard.clone(),
                 members: list,
                 rank,
-                ctrl,
-                barrier_off: 256,
-                pair_off: 384,
-                epoch: std::sync::atomic::AtomicU32::new(0),
+                io,
                 key: name,
                 window_seq: Mutex::new(0),
-                mpi: Some(m),
             }),
         })
-    }
-
-    /// Allocates a symmetric window: `spec.bytes` on every member, zeroed, with its named
-    /// buffers carved in order. Returns after every member's window is zeroed (so no peer's
-    /// first signal can be wiped).
-    ///
-    /// # Collective
-    ///
-    /// Every member calls it with the same size.
-    ///
-    /// # Errors
-    ///
-    /// A size of 0 or too large, buffers that do not fit, members that disagree on the size or
-    /// rank count (the error names both values), no space in `/dev/shm`, and the failures of a
-    /// barrier.
-    pub fn alloc_window(&self, spec: &WindowSpec) -> Result<Window, CommError> {
-        let seq = {
-            let mut s = self.inner.window_seq.lock();
-            *s += 1;
-            *s
-        };
-        let w = Window::allocate(self, spec, seq);
-        match &w {
-            Ok(_) => tracing::debug!(
-                rank = self.rank(),
-                bytes = spec.bytes,
-                seq,
-                "window allocated"
-            ),
-            Err(e) => {
-                tracing::debug!(rank = self.rank(), bytes = spec.bytes, error = %e, "window allocation failed")
-            }
-        }
-        w
     }
 
     pub(crate) fn create_or_open(

@@ -1,12 +1,16 @@
 //! The conformance suite: behaviour every backend must show, as functions that every rank of a
 //! communicator runs. The test drivers (`tests/conformance_local.rs`,
-//! `tests/conformance_shm.rs`, and later the MPI one) run each case on several rank counts.
+//! `tests/conformance_shm.rs` and, with the `mpi` feature, `tests/conformance_mpi.rs` under
+//! `mpirun`) run each case on several rank counts.
 
 use std::time::{Duration, Instant};
 
 use pto_core::DType;
 
-use crate::{BufferSpec, Comm, CommError, SignalOp, WindowSpec};
+use crate::comm::Comm;
+use crate::error::CommError;
+use crate::signal::SignalOp;
+use crate::window::{BufferSpec, WindowSpec};
 
 /// One case: its name, the rank counts to run it on, and the body every rank runs.
 #[derive(Clone, Copy, Debug)]
@@ -370,7 +374,8 @@ fn bad_input(c: &Comm) -> Result<(), String> {
 }
 
 fn collectives(c: &Comm) -> Result<(), String> {
-    use crate::{Algorithm, Collectives, ReduceOp};
+    use crate::collective::{Algorithm, Collectives};
+    use crate::reduce::ReduceOp;
     let (me, n) = (c.rank(), c.size());
     // A small staging area forces the larger calls through in pieces.
     let co = Collectives::new(c, 256).map_err(e)?;
@@ -423,7 +428,7 @@ fn size_mismatch(c: &Comm) -> Result<(), String> {
             theirs: 256,
             ours: 128,
             ..
-        }) if c.rank() != 1 && c.backend() == crate::Backend::Mpi => Ok(()),
+        }) if c.rank() != 1 && c.backend() == crate::backend::Backend::Mpi => Ok(()),
         Err(CommError::Aborted { rank: 1, message }) if c.rank() != 1 => {
             ensure(message.contains("128") && message.contains("256"), || {
                 format!("abort message {message:?}")

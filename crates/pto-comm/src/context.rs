@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use crate::{Collectives, Comm, CommError, Window};
+use crate::collective::Collectives;
+use crate::comm::Comm;
+use crate::error::CommError;
+use crate::window::Window;
 
 /// A rank's communication context, handed to a chip as its extension so that every kernel can
 /// reach it through `KernelCtx::ext::<CommContext>()`.

@@ -7,7 +7,7 @@
 //! [`Window::wait_until`] reaches a value. Barriers, domains (subsets of ranks with dense ranks)
 //! and named buffers complete the picture.
 //!
-//! Two backends run the same protocols over the same memory layout ([`Backend`]):
+//! Three backends run the same protocols ([`Backend`]):
 //! * `local`: ranks are threads of one process ([`local::run`], [`local::comms`]);
 //! * `shm`: ranks are processes on one host over POSIX shared memory ([`shm::ShmWorld`],
 //!   [`shm::from_env`]);
@@ -33,92 +33,41 @@
 //! Every wait has a deadline (`PTO_WAIT_TIMEOUT_MS`), parks after a short spin, and fails
 //! early, naming the rank, when a peer dies, panics or exits, or when a rank raises
 //! [`Comm::abort`]. Design notes: `docs/design/comm-windows.md`.
+//!
+//! # Layers
+//!
+//! Dependencies point down; no two modules import each other.
+//!
+//! | layer | modules |
+//! |---|---|
+//! | launchers | `launch/` ([`local`], [`shm`], `mpi`): start ranks, hand each its world [`Comm`] |
+//! | protocols | `conformance`, `context`, `collective/`, `signal`, `window/`, `comm`, `world`: written once, name no backend |
+//! | backend boundary | `backend/`: [`Backend`], and the types every operation passes through (mapped memory, the MPI library); the only `unsafe` code |
+//! | vocabulary | `error`, `reduce` |
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod backend;
 mod collective;
 mod comm;
 pub mod conformance;
 mod context;
 mod error;
-pub mod local;
-#[cfg(feature = "mpi")]
-pub mod mpi;
-#[cfg(not(feature = "mpi"))]
-mod mpi_off;
-#[cfg(not(feature = "mpi"))]
-use mpi_off as mpi;
-mod mapping;
-mod queue;
-pub mod shm;
+mod launch;
+mod reduce;
+mod signal;
 mod window;
 mod world;
 
-pub use collective::{
-    Algorithm, Collectives, ReduceOp, Reducible, MESH_MAX_BYTES, MPI_NATIVE_BYTES,
-};
+pub use backend::queue::SharedQueue;
+pub use backend::Backend;
+pub use collective::{Algorithm, Collectives, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES};
 pub use comm::Comm;
 pub use context::CommContext;
 pub use error::{Cause, CommError};
-pub use queue::SharedQueue;
-pub use window::{
-    BufferRef, BufferSpec, RemoteRef, SignalCondition, SignalOp, Window, WindowSpec, MAX_WINDOW,
-    WINDOW_ALIGN,
-};
-
-/// The most ranks a communicator may have.
-pub const MAX_RANKS: usize = 1024;
-
-/// The variable an MPI launcher (Open MPI, MPICH or a PMI launcher) set when this process is
-/// a rank of an MPI job, with its value; `None` otherwise. Available without the `mpi` feature,
-/// so that a build without MPI can say it was started by `mpirun`.
-pub fn mpi_launcher() -> Option<(&'static str, String)> {
-    [
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",
-        "PMIX_RANK",
-        "MPI_LOCALNRANKS",
-    ]
-    .into_iter()
-    .find_map(|k| std::env::var(k).ok().map(|v| (k, v)))
-}
-
-/// `PTO_WAIT_TIMEOUT_MS` (or its default), as a [`CommError::Env`] when it is set wrong.
-pub(crate) fn env_timeout() -> Result<std::time::Duration, CommError> {
-    pto_core::config::Settings::from_env()
-        .map(|s| s.wait_timeout)
-        .map_err(|e| CommError::Env(e.to_string()))
-}
-
-/// Where ranks run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// Threads of one process.
-    Local,
-    /// Processes on one host over POSIX shared memory.
-    Shm,
-    /// The processes of an MPI job, on one host or many (cargo feature `mpi`).
-    Mpi,
-}
-
-impl Backend {
-    /// `"local"`, `"shm"` or `"mpi"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Local => "local",
-            Backend::Shm => "shm",
-            Backend::Mpi => "mpi",
-        }
-    }
-
-    /// Parses a name as printed by [`Backend::name`].
-    pub fn from_name(s: &str) -> Option<Backend> {
-        match s {
-            "local" => Some(Backend::Local),
-            "shm" => Some(Backend::Shm),
-            "mpi" => Some(Backend::Mpi),
-            _ => None,
-        }
-    }
-}
+pub use launch::*;
+pub use reduce::{ReduceOp, Reducible};
+pub use signal::{SignalCondition, SignalOp};
+pub use window::{BufferRef, BufferSpec, RemoteRef, Window, WindowSpec, MAX_WINDOW, WINDOW_ALIGN};
+pub use world::MAX_RANKS;

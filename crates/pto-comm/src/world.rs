@@ -1,5 +1,5 @@
 //! The world: the control segment every rank maps, the rank table, the abort word, and the
-//! provider that creates and opens the segments of domains and windows.
+//! transport that creates and opens the segments of domains and windows.
 //!
 //! Layout of the world segment (after the 256-byte [`pto_shm::Header`]):
 //!
@@ -13,21 +13,28 @@
 //!
 //! See `docs/design/comm-windows.md`.
 
-#![allow(unsafe_code)]
-
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
 use pto_shm::barrier::Barrier;
 use pto_shm::process::ProcessId;
 use pto_shm::segment_kind;
-use pto_shm::{HeaderInit, Segment, ShmError, HEADER_LEN};
+use pto_shm::{HeaderInit, Segment, HEADER_LEN};
 
-use crate::mapping::Mapping;
-use crate::{Backend, CommError, MAX_RANKS};
+use crate::backend::mapping::Mapping;
+use crate::backend::{Backend, Transport};
+use crate::error::CommError;
+
+/// The most ranks a communicator may have.
+pub const MAX_RANKS: usize = 1024;
+
+/// `PTO_WAIT_TIMEOUT_MS` (or its default), as a [`CommError::Env`] when it is set wrong.
+pub(crate) fn env_timeout() -> Result<Duration, CommError> {
+    pto_core::config::Settings::from_env()
+        .map(|s| s.wait_timeout)
+        .map_err(|e| CommError::Env(e.to_string()))
+}
 
 pub(crate) const OFF_ABORT: usize = 256;
 pub(crate) const OFF_BARRIER: usize = 320;
@@ -46,30 +53,15 @@ pub(crate) const RUNNING: u32 = 1;
 pub(crate) const EXITED: u32 = 2;
 pub(crate) const FAILED: u32 = 3;
 
-pub(crate) fn world_len(n: usize) -> usize {
+fn world_len(n: usize) -> usize {
     OFF_RANKS + n * RANK_SLOT
-}
-
-/// Process-local registry of anonymous segments: the `local` backend's `/dev/shm`.
-#[derive(Default)]
-pub(crate) struct LocalRegistry {
-    map: Mutex<HashMap<String, Arc<Segment>>>,
-    cv: Condvar,
-}
-
-pub(crate) enum Provider {
-    Local(LocalRegistry),
-    Shm,
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    /// An MPI job: the world communicator (domains and windows are MPI allocations).
-    Mpi(Arc<crate::mpi::MpiComm>),
 }
 
 /// Everything the ranks of one world share.
 pub(crate) struct World {
     pub(crate) seg: Mapping,
     pub(crate) size: usize,
-    pub(crate) provider: Provider,
+    pub(crate) transport: Transport,
     /// Prefix of the names of this world's domain and window segments.
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
@@ -77,19 +69,7 @@ pub(crate) struct World {
 
 impl World {
     pub(crate) fn backend(&self) -> Backend {
-        match self.provider {
-            Provider::Local(_) => Backend::Local,
-            Provider::Shm => Backend::Shm,
-            Provider::Mpi(_) => Backend::Mpi,
-        }
-    }
-
-    /// The MPI world communicator, on the mpi backend.
-    pub(crate) fn mpi(&self) -> Option<&Arc<crate::mpi::MpiComm>> {
-        match &self.provider {
-            Provider::Mpi(m) => Some(m),
-            _ => None,
-        }
+        self.transport.backend()
     }
 
     fn slot(&self, rank: usize) -> (&AtomicU32, &AtomicU32, &AtomicU64) {
@@ -102,9 +82,7 @@ impl World {
     }
 
     pub(crate) fn barrier(&self) -> &Barrier {
-        // SAFETY: the world segment holds a zero-initialised `Barrier` (16 bytes of atomics,
-        // 4-aligned) at OFF_BARRIER, inside its length; it is only accessed atomically.
-        unsafe { &*self.seg.as_ptr().add(OFF_BARRIER).cast::<Barrier>() }
+        self.seg.barrier(OFF_BARRIER)
     }
 
     /// Claims `rank`'s slot for this process.
@@ -156,21 +134,15 @@ impl World {
         if word.load(Ordering::Acquire) != 0 {
             return;
         }
+        // Concurrent aborters may interleave their bytes, but readers only read the message
+        // after the abort word is set and treat it as lossy UTF-8: any bytes are acceptable.
         let bytes = message.as_bytes();
         let n = bytes.len().min(ABORT_MSG_LEN - 1);
-        // SAFETY: the message area is ABORT_MSG_LEN bytes inside the segment; concurrent
-        // aborters may interleave their bytes, but readers only read it after the abort word
-        // is set and treat it as lossy UTF-8, so any bytes are acceptable.
-        unsafe {
-            let p = self.seg.as_ptr().add(OFF_ABORT_MSG);
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, n);
-            p.add(n).write(0);
-        }
+        let mut text = [0u8; ABORT_MSG_LEN];
+        text[..n].copy_from_slice(&bytes[..n]);
+        self.seg.write_bytes(OFF_ABORT_MSG, &text[..=n]);
         let _ = word.compare_exchange(0, rank as u32 + 1, Ordering::AcqRel, Ordering::Acquire);
-        if self.mpi().is_some() {
-            // Peers may be on other nodes and inside MPI calls: end the job.
-            crate::mpi::abort_job(rank, message);
-        }
+        self.transport.on_abort(rank, message);
         self.barrier().poke();
     }
 
@@ -179,16 +151,9 @@ impl World {
         if w == 0 {
             return None;
         }
+        // Racing writers can only make the text garbled.
         let mut buf = [0u8; ABORT_MSG_LEN];
-        // SAFETY: reading the message area (inside the segment) after the abort word; racing
-        // writers can only make the text garbled, never out of bounds.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.seg.as_ptr().add(OFF_ABORT_MSG),
-                buf.as_mut_ptr(),
-                ABORT_MSG_LEN,
-            );
-        }
+        self.seg.read_bytes(OFF_ABORT_MSG, &mut buf);
         let end = buf.iter().position(|&b| b == 0).unwrap_or(ABORT_MSG_LEN);
         Some(CommError::Aborted {
             rank: (w - 1) as usize,
@@ -213,13 +178,9 @@ impl World {
         if let Some(e) = self.aborted() {
             return Err(e);
         }
-        // Processes on this host (shm, or MPI with shared windows) have pids to watch; an MPI
-        // launcher ends the job itself when a rank dies.
-        let shm = match &self.provider {
-            Provider::Shm => true,
-            Provider::Mpi(m) => m.mode() == crate::mpi::Mode::Shared,
-            Provider::Local(_) => false,
-        };
+        // Processes on this host have pids to watch; a library's launcher ends the job itself
+        // when a rank dies.
+        let shm = self.transport.watches_pids();
         // A dead or failed peer is the cause; a peer that exited may only have reacted to it,
         // so it is reported only when no peer is dead or failed.
         let mut exited = None;
@@ -272,15 +233,7 @@ impl World {
         len: usize,
         init: HeaderInit,
     ) -> Result<Arc<Segment>, CommError> {
-        match &self.provider {
-            Provider::Shm | Provider::Mpi(_) => Ok(Arc::new(Segment::create(name, len, init)?)),
-            Provider::Local(reg) => {
-                let seg = Arc::new(Segment::anonymous(name, len, init)?);
-                reg.map.lock().insert(name.to_string(), seg.clone());
-                reg.cv.notify_all();
-                Ok(seg)
-            }
-        }
+        self.transport.create(name, len, init)
     }
 
     /// Opens a child segment created by `creator` (a world rank), watching its liveness.
@@ -295,23 +248,7 @@ impl World {
         loop {
             self.check(me, &[creator])?;
             let slice = (Instant::now() + Duration::from_millis(50)).min(deadline);
-            let got = match &self.provider {
-                Provider::Shm | Provider::Mpi(_) => match Segment::open(name, slice) {
-                    Ok(s) => Some(Arc::new(s)),
-                    Err(ShmError::Timeout { .. }) => None,
-                    Err(e) => return Err(e.into()),
-                },
-                Provider::Local(reg) => {
-                    let mut map = reg.map.lock();
-                    if let Some(s) = map.get(name) {
-                        Some(s.clone())
-                    } else {
-                        reg.cv.wait_until(&mut map, slice);
-                        map.get(name).cloned()
-                    }
-                }
-            };
-            if let Some(s) = got {
+            if let Some(s) = self.transport.open(name, slice)? {
                 return Ok(s);
             }
             if Instant::now() >= deadline {
@@ -326,9 +263,7 @@ impl World {
 
     /// Forgets a child segment this process created (local backend bookkeeping).
     pub(crate) fn forget(&self, name: &str) {
-        if let Provider::Local(reg) = &self.provider {
-            reg.map.lock().remove(name);
-        }
+        self.transport.forget(name);
     }
 }
 
@@ -343,10 +278,12 @@ fn check_size(size: usize) -> Result<(), CommError> {
     Ok(())
 }
 
-/// Creates a world control segment for `size` ranks.
+/// Creates the world of `size` ranks over `transport` (on a library transport, `rank` is this
+/// process's rank and every rank calls it; elsewhere the launcher does, once).
 pub(crate) fn create_world(
     size: usize,
-    provider: Provider,
+    transport: Transport,
+    rank: usize,
     timeout: Duration,
 ) -> Result<World, CommError> {
     check_size(size)?;
@@ -356,24 +293,11 @@ pub(crate) fn create_world(
         ..HeaderInit::default()
     };
     let len = world_len(size).max(HEADER_LEN);
-    let (seg, prefix) = match provider {
-        Provider::Shm | Provider::Mpi(_) => {
-            let name = Segment::fresh_name("world");
-            let prefix = name.trim_end_matches(".world").to_string();
-            (Segment::create(&name, len, init)?, prefix)
-        }
-        Provider::Local(_) => {
-            let prefix = format!("local.{:016x}", pto_shm::nonce());
-            (
-                Segment::anonymous(&format!("{prefix}.world"), len, init)?,
-                prefix,
-            )
-        }
-    };
+    let (seg, prefix) = transport.world_memory(len, init, rank, Instant::now() + timeout)?;
     Ok(World {
-        seg: Mapping::from(Arc::new(seg)),
+        seg,
         size,
-        provider,
+        transport,
         prefix,
         timeout,
     })
@@ -420,7 +344,7 @@ pub(crate) fn open_world(
     Ok(World {
         seg: Mapping::from(Arc::new(seg)),
         size,
-        provider: Provider::Shm,
+        transport: Transport::Shm,
         prefix,
         timeout,
     })

@@ -72,6 +72,18 @@ pub fn die_with_parent(parent: u32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Makes the process `cmd` starts get `SIGKILL` when this process dies (set up between fork
+/// and exec with [`die_with_parent`]): a launcher's ranks never outlive it.
+#[allow(unsafe_code)]
+pub fn die_with_this_process(cmd: &mut std::process::Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl and
+    // getppid, which are async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || die_with_parent(parent));
+    }
+}
+
 /// Nanoseconds on `CLOCK_MONOTONIC`: one clock for every process on the host (traces of
 /// several processes line up on it).
 pub fn monotonic_ns() -> u64 {

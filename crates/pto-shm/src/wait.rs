@@ -38,22 +38,49 @@ pub enum WaitError<E> {
     Check(E),
 }
 
-/// Waits until `ready(word)` holds, the deadline passes, or `check` fails.
+/// How a wait passes the time between looks, once its spin is over.
+#[derive(Clone, Copy, Debug)]
+pub enum Pause<'a> {
+    /// Park on `word`, registered in `sleepers`: whoever changes what the wait looks at bumps
+    /// `word` with `SeqCst` and then calls [`wake`].
+    Futex {
+        /// The word a waker changes.
+        word: &'a AtomicU32,
+        /// How many waiters are parked on it.
+        sleepers: &'a AtomicU32,
+    },
+    /// Nothing wakes the waiter (it polls through a library call that also drives the
+    /// operation's progress): yield while the wait is young, then sleep `nap` between looks.
+    Backoff {
+        /// The sleep between looks once the wait has lasted [`BACKOFF_YIELD_FOR`].
+        nap: Duration,
+    },
+}
+
+/// How long a [`Pause::Backoff`] wait yields between looks before it starts to sleep.
+pub const BACKOFF_YIELD_FOR: Duration = Duration::from_millis(2);
+
+/// The bounded wait every blocking operation uses, whatever the backend: `look` until it
+/// returns a value, spinning briefly first, then pausing as `pause` says; `check` runs every
+/// [`CHECK_EVERY`] and at the deadline (a dead peer, a raised abort end the wait at once).
 ///
 /// # Errors
 ///
-/// [`WaitError::Timeout`] or the check's error.
-pub fn wait_until<E>(
-    word: &AtomicU32,
-    sleepers: &AtomicU32,
-    mut ready: impl FnMut(u32) -> bool,
+/// [`WaitError::Timeout`] when the deadline passes, or the error of `look` or `check`.
+pub fn bounded<R, E>(
     deadline: Instant,
+    pause: Pause<'_>,
+    mut look: impl FnMut() -> Result<Option<R>, E>,
     mut check: impl FnMut() -> Result<(), E>,
-) -> Result<(), WaitError<E>> {
+) -> Result<R, WaitError<E>> {
+    let spins = match pause {
+        Pause::Futex { .. } => SPIN,
+        Pause::Backoff { .. } => 64,
+    };
     let mut spin_start = None;
-    for i in 0..SPIN {
-        if ready(word.load(Ordering::Acquire)) {
-            return Ok(());
+    for i in 0..spins {
+        if let Some(r) = look().map_err(WaitError::Check)? {
+            return Ok(r);
         }
         if i % 32 == 31 {
             // Yield: with more ranks than CPUs this lets the peer we wait for run.
@@ -69,8 +96,8 @@ pub fn wait_until<E>(
     let start = Instant::now();
     let mut last_check = start;
     loop {
-        if ready(word.load(Ordering::Acquire)) {
-            return Ok(());
+        if let Some(r) = look().map_err(WaitError::Check)? {
+            return Ok(r);
         }
         let now = Instant::now();
         if now.duration_since(last_check) >= CHECK_EVERY || now >= deadline {
@@ -82,14 +109,51 @@ pub fn wait_until<E>(
                 waited: now.duration_since(start),
             });
         }
-        sleepers.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        let v = word.load(Ordering::SeqCst);
-        if !ready(v) {
-            word.park(v, SLICE.min(deadline - now));
+        match pause {
+            Pause::Futex { word, sleepers } => {
+                sleepers.fetch_add(1, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                // Read the word before the last look: a change after it makes the park return.
+                let v = word.load(Ordering::SeqCst);
+                let done = look();
+                if let Ok(None) = done {
+                    word.park(v, SLICE.min(deadline - now));
+                }
+                sleepers.fetch_sub(1, Ordering::SeqCst);
+                if let Some(r) = done.map_err(WaitError::Check)? {
+                    return Ok(r);
+                }
+            }
+            Pause::Backoff { nap } => {
+                if now.duration_since(start) < BACKOFF_YIELD_FOR {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(nap.min(deadline - now));
+                }
+            }
         }
-        sleepers.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Waits until `ready(word)` holds, the deadline passes, or `check` fails: [`bounded`] with
+/// [`Pause::Futex`] on `word`.
+///
+/// # Errors
+///
+/// [`WaitError::Timeout`] or the check's error.
+pub fn wait_until<E>(
+    word: &AtomicU32,
+    sleepers: &AtomicU32,
+    mut ready: impl FnMut(u32) -> bool,
+    deadline: Instant,
+    check: impl FnMut() -> Result<(), E>,
+) -> Result<(), WaitError<E>> {
+    bounded(
+        deadline,
+        Pause::Futex { word, sleepers },
+        || Ok(ready(word.load(Ordering::Acquire)).then_some(())),
+        check,
+    )
 }
 
 /// After changing `word` (with `SeqCst`), wakes its sleepers if there are any.

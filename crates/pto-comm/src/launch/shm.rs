@@ -5,15 +5,14 @@
 //! [`from_env`] (or [`join`]). Ranks create the segments of their domains and windows under the
 //! world's name prefix; the launcher removes whatever is left when it drops.
 
-#![allow(unsafe_code)]
-
 use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::Transport;
 use crate::comm::{Comm, RankGuard};
-use crate::world::{create_world, open_world, Provider, World};
-use crate::CommError;
+use crate::error::CommError;
+use crate::world::{create_world, env_timeout, open_world, World};
 
 /// The world segment's name.
 pub const ENV_WORLD: &str = "PTO_COMM_WORLD";
@@ -45,9 +44,9 @@ impl ShmWorld {
     ///
     /// A bad size or an OS error.
     pub fn create(n: usize) -> Result<ShmWorld, CommError> {
-        let timeout = crate::env_timeout()?;
+        let timeout = env_timeout()?;
         Ok(ShmWorld {
-            world: Arc::new(create_world(n, Provider::Shm, timeout)?),
+            world: Arc::new(create_world(n, Transport::Shm, 0, timeout)?),
             children: Vec::new(),
         })
     }
@@ -86,14 +85,7 @@ impl ShmWorld {
         for (k, v) in self.rank_env(rank) {
             cmd.env(k, v);
         }
-        let parent = std::process::id();
-        // SAFETY: the closure runs in the child between fork and exec and only calls prctl and
-        // getppid, which are async-signal-safe.
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-                pto_shm::process::die_with_parent(parent)
-            });
-        }
+        pto_shm::process::die_with_this_process(&mut cmd);
         let child = cmd
             .spawn()
             .map_err(|source| CommError::Launch { rank, source })?;
@@ -229,7 +221,7 @@ impl Drop for ShmWorld {
 /// A bad rank or size, a world of another size (both values named), a stale or missing
 /// segment, or a rank already joined.
 pub fn join(name: &str, rank: usize, size: usize) -> Result<Comm, CommError> {
-    join_with_timeout(name, rank, size, crate::env_timeout()?)
+    join_with_timeout(name, rank, size, env_timeout()?)
 }
 
 /// [`join`] with an explicit deadline for opening the world and for every later wait.

@@ -6,31 +6,31 @@ use std::time::Instant;
 
 use pto_core::DType;
 
-use crate::mapping::Mapping;
-use crate::{CommError, ReduceOp};
-
-#[allow(dead_code)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
-    Shared,
-    Rma,
-}
+use super::mapping::Mapping;
+use crate::error::CommError;
+use crate::reduce::ReduceOp;
 
 pub(crate) enum MpiComm {}
-
-pub(crate) enum RmaWin {}
 
 pub(crate) fn abort_job(_rank: usize, _message: &str) -> ! {
     unreachable!("no MPI job without the mpi feature")
 }
 
-pub(crate) fn native_dtype(_: DType) -> bool {
+pub(crate) fn reduces(_: DType) -> bool {
     false
 }
 
 #[allow(clippy::unused_self, dead_code)]
 impl MpiComm {
-    pub(crate) fn mode(&self) -> Mode {
+    pub(crate) fn peers_mapped(&self) -> bool {
+        match *self {}
+    }
+    pub(crate) fn world_memory(
+        &self,
+        _: usize,
+        _: usize,
+        _: Instant,
+    ) -> Result<Mapping, CommError> {
         match *self {}
     }
     pub(crate) fn barrier(&self, _: Instant) -> Result<(), CommError> {
@@ -56,7 +56,7 @@ impl MpiComm {
         _: String,
         _: usize,
         _: Instant,
-    ) -> Result<(Mapping, RmaWin), CommError> {
+    ) -> Result<rma::RmaWin, CommError> {
         match **self {}
     }
     pub(crate) fn allreduce(
@@ -85,30 +85,44 @@ impl MpiComm {
     }
 }
 
-#[allow(clippy::unused_self, dead_code)]
-impl RmaWin {
-    pub(crate) fn comm(&self) -> &Arc<MpiComm> {
-        match *self {}
-    }
-    pub(crate) fn quiet(&self) -> Result<(), CommError> {
-        match *self {}
-    }
-    pub(crate) fn sync(&self) -> Result<(), CommError> {
-        match *self {}
-    }
-    pub(crate) fn put(&self, _: usize, _: usize, _: &[u8]) -> Result<(), CommError> {
-        match *self {}
-    }
-    pub(crate) fn get(&self, _: usize, _: usize, _: &mut [u8]) -> Result<(), CommError> {
-        match *self {}
-    }
-    pub(crate) fn fetch_add_u32(&self, _: usize, _: usize, _: u32) -> Result<u32, CommError> {
-        match *self {}
-    }
-    pub(crate) fn fetch_add_u64(&self, _: usize, _: usize, _: u64) -> Result<u64, CommError> {
-        match *self {}
-    }
-    pub(crate) fn notify(&self, _: usize, _: usize, _: u32, _: bool) -> Result<(), CommError> {
-        match *self {}
+/// Stand-in for the RMA windows.
+pub(crate) mod rma {
+    use std::sync::Arc;
+
+    use crate::backend::mapping::Mapping;
+    use crate::backend::mpi_off::MpiComm;
+    use crate::error::CommError;
+
+    pub(crate) enum RmaWin {}
+
+    #[allow(clippy::unused_self, dead_code)]
+    impl RmaWin {
+        pub(crate) fn comm(&self) -> &Arc<MpiComm> {
+            match *self {}
+        }
+        pub(crate) fn local(&self) -> &Mapping {
+            match *self {}
+        }
+        pub(crate) fn quiet(&self) -> Result<(), CommError> {
+            match *self {}
+        }
+        pub(crate) fn sync(&self) -> Result<(), CommError> {
+            match *self {}
+        }
+        pub(crate) fn put(&self, _: usize, _: usize, _: &[u8]) -> Result<(), CommError> {
+            match *self {}
+        }
+        pub(crate) fn get(&self, _: usize, _: usize, _: &mut [u8]) -> Result<(), CommError> {
+            match *self {}
+        }
+        pub(crate) fn fetch_add_u32(&self, _: usize, _: usize, _: u32) -> Result<u32, CommError> {
+            match *self {}
+        }
+        pub(crate) fn fetch_add_u64(&self, _: usize, _: usize, _: u64) -> Result<u64, CommError> {
+            match *self {}
+        }
+        pub(crate) fn notify(&self, _: usize, _: usize, _: u32, _: bool) -> Result<(), CommError> {
+            match *self {}
+        }
     }
 }

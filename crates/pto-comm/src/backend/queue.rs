@@ -8,7 +8,7 @@ use std::time::Instant;
 use pto_core::{CompletionQueue, QueueHost};
 use pto_shm::{segment_kind, HeaderInit, Segment, HEADER_LEN};
 
-use crate::CommError;
+use crate::error::CommError;
 
 /// Where the queue starts in its segment (after the header, 64-aligned).
 const OFFSET: usize = HEADER_LEN;

@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::Transport;
 use crate::comm::{Comm, RankGuard};
-use crate::world::{create_world, Provider};
-use crate::CommError;
+use crate::error::CommError;
+use crate::world::{create_world, env_timeout};
 
 /// One communicator per rank of a new in-process world of `n` ranks. Move each into its own
 /// thread.
@@ -17,7 +18,7 @@ use crate::CommError;
 ///
 /// [`CommError::BadSize`] for 0 or more than [`crate::MAX_RANKS`] ranks.
 pub fn comms(n: usize) -> Result<Vec<Comm>, CommError> {
-    comms_with_timeout(n, crate::env_timeout()?)
+    comms_with_timeout(n, env_timeout()?)
 }
 
 /// [`comms`] with an explicit deadline for every wait.
@@ -28,7 +29,8 @@ pub fn comms(n: usize) -> Result<Vec<Comm>, CommError> {
 pub fn comms_with_timeout(n: usize, timeout: Duration) -> Result<Vec<Comm>, CommError> {
     let world = Arc::new(create_world(
         n,
-        Provider::Local(Default::default()),
+        Transport::Local(Default::default()),
+        0,
         timeout,
     )?);
     (0..n)

@@ -1,0 +1,310 @@
+//! Allreduce: one-phase mesh, two-phase (reduce-scatter + allgather) and ring, on staged
+//! copies or on data already in a window; the library's own where it serves better.
+
+use pto_core::block_range;
+
+use super::{Algorithm, Collectives, LINE, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES};
+use crate::backend::library_reduces;
+use crate::error::CommError;
+use crate::reduce::{ReduceOp, Reducible};
+use crate::signal::SignalOp;
+use crate::window::Window;
+
+impl Collectives {
+    /// Reduces `data` across all ranks in place, with the automatic algorithm choice.
+    ///
+    /// # Collective
+    ///
+    /// Every member calls it with the same length and operation.
+    ///
+    /// # Errors
+    ///
+    /// A dead or failed peer, an abort, or a timeout (communication errors).
+    pub fn allreduce<T: Reducible>(&self, data: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+        self.allreduce_with(data, op, Algorithm::Auto)
+    }
+
+    /// [`Collectives::allreduce`] with a chosen algorithm.
+    ///
+    /// # Errors
+    ///
+    /// As [`Collectives::allreduce`].
+    pub fn allreduce_with<T: Reducible>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+        algo: Algorithm,
+    ) -> Result<(), CommError> {
+        let on_library_by_choice = algo == Algorithm::Auto
+            && library_reduces(T::DTYPE)
+            && MPI_ALLREDUCE_BYTES.contains(&std::mem::size_of_val(data));
+        if self.w.library().is_some()
+            || (on_library_by_choice && self.comm().inner.io.library().is_some())
+        {
+            return self.library_allreduce(data, op);
+        }
+        let algo = match algo {
+            Algorithm::Auto if std::mem::size_of_val(data) <= MESH_MAX_BYTES || self.n() <= 2 => {
+                Algorithm::Mesh
+            }
+            Algorithm::Auto => Algorithm::TwoPhase,
+            a => a,
+        };
+        for piece in data.chunks_mut(self.elems::<T>().max(1)) {
+            match algo {
+                Algorithm::TwoPhase => self.allreduce_two_phase(piece, op)?,
+                Algorithm::Ring => self.allreduce_ring(piece, op)?,
+                _ => self.allreduce_mesh(piece, op)?,
+            }
+        }
+        if data.is_empty() {
+            // Keep every rank's epochs in step even for empty calls.
+            let e = self.next_epoch();
+            self.ready(e)?;
+        }
+        Ok(())
+    }
+
+    fn allreduce_mesh<T: Reducible>(&self, data: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+        let e = self.next_epoch();
+        let off = self.area(0, e);
+        self.stage(off, data)?;
+        self.ready(e)?;
+        let (me, n) = (self.me(), self.n());
+        // Combine in rank order on every rank (x0 ⊕ x1 ⊕ ...), so every rank gets bit-identical
+        // results. Work in blocks that stay in cache: each source is read once, the output
+        // written once, and this rank's own contribution is read from `data` itself (the block
+        // is overwritten only after it was used).
+        let mut srcs = Vec::with_capacity(n);
+        for p in 0..n {
+            // SAFETY: epoch protocol (see `peer`).
+            srcs.push(self.peer::<T>(p, off, data.len())?);
+        }
+        let block = (16 << 10) / std::mem::size_of::<T>().max(1);
+        let mut tmp: Vec<T> = Vec::with_capacity(block.min(data.len()));
+        let mut start = 0;
+        while start < data.len() {
+            let end = (start + block).min(data.len());
+            tmp.clear();
+            if me == 0 {
+                tmp.extend_from_slice(&data[start..end]);
+            } else {
+                tmp.extend_from_slice(&srcs[0][start..end]);
+            }
+            for (p, src) in srcs.iter().enumerate().skip(1) {
+                let s = if p == me {
+                    &data[start..end]
+                } else {
+                    &src[start..end]
+                };
+                for (a, v) in tmp.iter_mut().zip(s) {
+                    *a = T::combine(*a, *v, op);
+                }
+            }
+            data[start..end].copy_from_slice(&tmp);
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn allreduce_ring<T: Reducible>(&self, data: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+        let (me, n) = (self.me(), self.n());
+        let e = self.next_epoch();
+        let off = self.area(0, e);
+        self.stage(off, data)?;
+        self.ready(e)?;
+        if n == 1 {
+            return Ok(());
+        }
+        let left = (me + n - 1) % n;
+        let size = std::mem::size_of::<T>();
+        let chunk = |c: usize| block_range(data.len(), c as u32, n as u32);
+        let base = {
+            let mut s = self.steps.lock();
+            let b = *s;
+            *s = s.wrapping_add(2 * (n as u32 - 1));
+            b
+        };
+        // My flag (third word of my line in each peer's window) counts the steps I finished;
+        // only my right neighbour waits for it.
+        let right = (me + 1) % n;
+        let step_done = |k: u32| {
+            self.w
+                .notify(right, me * LINE + 8, base.wrapping_add(k), SignalOp::Set)
+        };
+        let wait_left = |k: u32| self.w.wait_until(left * LINE + 8, base.wrapping_add(k));
+        // Reduce-scatter: at step s, pull chunk (me − s − 1) from the left neighbour, which
+        // finished reducing it at its step s − 1, and combine it into mine.
+        for s in 0..n - 1 {
+            if s > 0 {
+                wait_left(s as u32)?;
+            }
+            let c = (me + 2 * n - s - 1) % n;
+            let r = chunk(c);
+            // SAFETY: the left neighbour wrote chunk c before finishing step s − 1 (or staged it
+            // before the ready exchange, for s = 0) and does not touch it again in this call
+            // until the allgather step that overwrites it, which waits for this rank.
+            let theirs = self.peer::<T>(left, off + r.start * size, r.len())?;
+            // SAFETY: this rank's own staging area; only this rank writes it.
+            let mine: Vec<T> = self.peer::<T>(me, off + r.start * size, r.len())?.to_vec();
+            let acc: Vec<T> = theirs
+                .iter()
+                .zip(&mine)
+                .map(|(a, b)| T::combine(*a, *b, op))
+                .collect();
+            self.w
+                .put(me, off + r.start * size, bytemuck::cast_slice(&acc))?;
+            step_done(s as u32 + 1)?;
+        }
+        // Allgather: at step s, pull the finished chunk (me − s) from the left neighbour.
+        for s in 0..n - 1 {
+            wait_left((n - 1 + s) as u32)?;
+            let c = (me + n - s) % n;
+            let r = chunk(c);
+            // SAFETY: as above; chunk c is final on the left neighbour since its step.
+            let theirs: Vec<T> = self
+                .peer::<T>(left, off + r.start * size, r.len())?
+                .to_vec();
+            self.w
+                .put(me, off + r.start * size, bytemuck::cast_slice(&theirs))?;
+            step_done((n + s) as u32)?;
+        }
+        // SAFETY: this rank's own staging area, final now.
+        let all = self.peer::<T>(me, off, data.len())?;
+        data.copy_from_slice(all);
+        // The right neighbour may still be reading my chunks: the next call's ready exchange
+        // (which it enters only after finishing this one) protects them.
+        Ok(())
+    }
+
+    fn allreduce_two_phase<T: Reducible>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let (me, n) = (self.me(), self.n());
+        let e = self.next_epoch();
+        let (stage, result) = (self.area(0, e), self.area(1, e));
+        self.stage(stage, data)?;
+        self.ready(e)?;
+        // Phase 1: reduce my share from every rank's staging into my result area.
+        let mine = block_range(data.len(), me as u32, n as u32);
+        let mut acc: Vec<T> = {
+            // SAFETY: epoch protocol.
+            let s = self.peer::<T>(0, stage, data.len())?;
+            s[mine.clone()].to_vec()
+        };
+        for p in 1..n {
+            // SAFETY: epoch protocol.
+            let s = self.peer::<T>(p, stage, data.len())?;
+            for (a, v) in acc.iter_mut().zip(&s[mine.clone()]) {
+                *a = T::combine(*a, *v, op);
+            }
+        }
+        let size = std::mem::size_of::<T>();
+        self.w
+            .put(me, result + mine.start * size, bytemuck::cast_slice(&acc))?;
+        // Phase 2: once every share is reduced (the second flag of each line), gather them.
+        self.exchange(4, e)?;
+        for p in 0..n {
+            let r = block_range(data.len(), p as u32, n as u32);
+            // SAFETY: epoch protocol (result areas follow the same parity rule).
+            let s = self.peer::<T>(p, result, data.len())?;
+            data[r.clone()].copy_from_slice(&s[r]);
+        }
+        Ok(())
+    }
+
+    /// Allreduce of data that already lives in a window: `count` elements of `T` at `offset` of
+    /// every rank's part of `w`, replaced by the result on every rank. No staging copy: rank r
+    /// reads its share of every rank's part directly, reduces it, and writes the result into
+    /// every rank's part (each share is read and written only by its owner), then a second
+    /// exchange says every share is done. This is the memory-bound path for large data.
+    ///
+    /// # Collective
+    ///
+    /// Every member calls it with the same window, offset, count and operation; `w` must span
+    /// the same ranks as these collectives.
+    ///
+    /// # Errors
+    ///
+    /// A range outside the window, a window over other ranks, or a communication error.
+    pub fn allreduce_window<T: Reducible>(
+        &self,
+        w: &Window,
+        offset: usize,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let (me, n) = (self.me(), self.n());
+        let size = std::mem::size_of::<T>();
+        if w.ranks() != n || w.rank() != me {
+            return Err(CommError::BadWindow {
+                bytes: w.len(),
+                why: "the window does not span the ranks of these collectives",
+            });
+        }
+        let bytes = count.checked_mul(size).ok_or(CommError::BadWindow {
+            bytes: usize::MAX,
+            why: "count overflows",
+        })?;
+        w.remote(me, offset)?;
+        if !offset.is_multiple_of(64) || offset + bytes > w.len() {
+            return Err(CommError::OutOfBounds {
+                op: "allreduce_window",
+                rank: me,
+                offset,
+                len: bytes,
+                size: w.len(),
+            });
+        }
+        if w.library().is_some() {
+            // RMA window: MPI's allreduce in place on this rank's own part, after syncing it.
+            w.quiet();
+            // This rank's own part, in place: peers do not write it during this collective
+            // call (its contract), and this rank's other threads do not either.
+            let local = w.inner.io.area_mut::<T>(me, me, offset, count)?;
+            self.library_allreduce(local, op)?;
+            w.quiet();
+            return Ok(());
+        }
+        // Everyone's input is in place.
+        let e = self.next_epoch();
+        self.ready(e)?;
+        let mine = block_range(count, me as u32, n as u32);
+        if !mine.is_empty() {
+            let mut srcs = Vec::with_capacity(n);
+            for p in 0..n {
+                // Chunk `mine` of every rank's part is read and written only by this rank
+                // during this call (each rank owns its share), and no rank touches the data
+                // again before the closing exchange below.
+                srcs.push(w.inner.io.area_mut::<T>(
+                    p,
+                    me,
+                    offset + mine.start * size,
+                    mine.len(),
+                )?);
+            }
+            let block = (16 << 10) / size.max(1);
+            let mut tmp: Vec<T> = Vec::with_capacity(block.min(mine.len()));
+            let mut start = 0;
+            while start < mine.len() {
+                let end = (start + block).min(mine.len());
+                tmp.clear();
+                tmp.extend_from_slice(&srcs[0][start..end]);
+                for src in srcs.iter().skip(1) {
+                    for (a, v) in tmp.iter_mut().zip(&src[start..end]) {
+                        *a = T::combine(*a, *v, op);
+                    }
+                }
+                for dst in srcs.iter_mut() {
+                    dst[start..end].copy_from_slice(&tmp);
+                }
+                start = end;
+            }
+        }
+        // Every share is done (second word of the flag lines).
+        self.exchange(4, e)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,200 @@
+//! Collectives on symmetric windows: allreduce (one-phase mesh or two-phase reduce-scatter +
+//! allgather), allgather, reduce-scatter, broadcast from any root, all-to-all, barrier.
+//!
+//! A [`Collectives`] owns one window: per-peer *ready* flags, two staging areas and two result
+//! areas (double-buffered by call parity). Every call is one epoch: each rank writes its data
+//! into `staging[epoch % 2]`, sets its ready flag on every peer to the epoch, waits until every
+//! peer's flag reached it, then reads the peers' staging areas directly (they are mapped) and
+//! combines. A rank rewrites a staging area only two epochs later, after it has seen every peer
+//! enter the next epoch, which a peer does only when it finished reading: so no call ever needs
+//! a trailing barrier, and the same window serves any number of calls. Data larger than the
+//! staging area goes through in pieces. See `docs/design/collectives.md`.
+
+use parking_lot::Mutex;
+
+use crate::backend::library_reduces;
+use crate::comm::Comm;
+use crate::error::CommError;
+use crate::reduce::{ReduceOp, Reducible};
+use crate::signal::SignalOp;
+use crate::window::{Window, WindowSpec};
+
+mod allreduce;
+mod exchange;
+
+/// Which allreduce algorithm to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Chosen by size and rank count.
+    Auto,
+    /// One phase: every rank reads every peer's data and reduces all of it.
+    Mesh,
+    /// Two phases: each rank reduces its share (reduce-scatter), then every rank gathers the
+    /// reduced shares (allgather). Moves about twice the data whatever the rank count.
+    TwoPhase,
+    /// A ring: `n − 1` reduce-scatter steps and `n − 1` allgather steps, each between
+    /// neighbours only (every rank pulls one chunk from its left neighbour per step).
+    Ring,
+}
+
+/// Messages up to this many bytes use the mesh allreduce when [`Algorithm::Auto`] chooses.
+pub const MESH_MAX_BYTES: usize = 64 << 10;
+
+pub(super) const LINE: usize = 64;
+
+/// On the MPI backend with shared windows, [`Algorithm::Auto`] hands allreduces of this many
+/// bytes (and a dtype MPI reduces) to MPI's own `MPI_Allreduce`: in `pto bench allreduce
+/// --backend mpi` on 2 and 4 ranks it was as fast or up to 1.2x faster there, and pto's own
+/// was faster below (up to 3x) and at 64 MiB (see docs/BENCHMARKS.md).
+pub const MPI_ALLREDUCE_BYTES: std::ops::Range<usize> = (256 << 10)..(32 << 20);
+
+/// Collectives over one communicator, with their own window.
+#[derive(Debug)]
+pub struct Collectives {
+    w: Window,
+    cap: usize,
+    epoch: Mutex<u32>,
+    /// Ring steps taken so far (the ring flags' epoch).
+    steps: Mutex<u32>,
+}
+
+impl Collectives {
+    /// Allocates the window: `cap` bytes of staging per area (calls with more data go through
+    /// in pieces).
+    ///
+    /// # Collective
+    ///
+    /// Every member calls it with the same `cap`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Comm::alloc_window`].
+    pub fn new(comm: &Comm, cap: usize) -> Result<Collectives, CommError> {
+        let cap = cap.max(LINE).div_ceil(LINE) * LINE;
+        let flags = comm.size() * LINE;
+        let w = comm.alloc_window(&WindowSpec::new(flags + 4 * cap))?;
+        Ok(Collectives {
+            w,
+            cap,
+            epoch: Mutex::new(0),
+            steps: Mutex::new(0),
+        })
+    }
+
+    /// The window's communicator.
+    pub fn comm(&self) -> &Comm {
+        self.w.comm()
+    }
+
+    /// Bytes per staging area.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    pub(super) fn n(&self) -> usize {
+        self.w.ranks()
+    }
+
+    pub(super) fn me(&self) -> usize {
+        self.w.rank()
+    }
+
+    pub(super) fn area(&self, which: usize, epoch: u32) -> usize {
+        // which: 0 staging, 1 result; double-buffered by epoch parity.
+        self.n() * LINE + (2 * which + (epoch as usize & 1)) * self.cap
+    }
+
+    /// Starts an epoch: returns it.
+    pub(super) fn next_epoch(&self) -> u32 {
+        let mut e = self.epoch.lock();
+        *e = e.wrapping_add(1);
+        *e
+    }
+
+    /// Sets this rank's flag at `flag_base` on every peer to `epoch`, then waits for every
+    /// peer's flag in this rank's window to reach it.
+    pub(super) fn exchange(&self, flag_base: usize, epoch: u32) -> Result<(), CommError> {
+        let (me, n) = (self.me(), self.n());
+        for p in 0..n {
+            if p != me {
+                self.w
+                    .notify(p, flag_base + me * LINE, epoch, SignalOp::Set)?;
+            }
+        }
+        for p in 0..n {
+            if p != me {
+                self.w.wait_until(flag_base + p * LINE, epoch)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn ready(&self, epoch: u32) -> Result<(), CommError> {
+        self.exchange(0, epoch)
+    }
+
+    /// Rank `r`'s area at `off`, `len` elements, read in place. Only under the epoch
+    /// protocol: the area is not written by its owner while the view lives (it was written
+    /// before the owner's ready flag of this epoch was seen, and the owner rewrites it only two
+    /// epochs later).
+    pub(super) fn peer<T: bytemuck::Pod>(
+        &self,
+        r: usize,
+        off: usize,
+        len: usize,
+    ) -> Result<&[T], CommError> {
+        self.w.inner.io.area(r, self.me(), off, len)
+    }
+
+    pub(super) fn stage<T: bytemuck::Pod>(&self, off: usize, data: &[T]) -> Result<(), CommError> {
+        self.w.put(self.me(), off, bytemuck::cast_slice(data))
+    }
+
+    pub(super) fn elems<T>(&self) -> usize {
+        self.cap / std::mem::size_of::<T>().max(1)
+    }
+
+    /// A barrier over the collectives' flags (no data).
+    ///
+    /// # Errors
+    ///
+    /// A communication error.
+    pub fn barrier(&self) -> Result<(), CommError> {
+        if let Some(m) = self.w.library() {
+            return m.barrier(self.comm().deadline());
+        }
+        let e = self.next_epoch();
+        self.ready(e)
+    }
+
+    /// MPI's own allreduce (RMA windows: peers are not mapped). Types MPI cannot reduce
+    /// (f16, bf16) are gathered and combined in rank order, the same on every rank.
+    pub(super) fn library_allreduce<T: Reducible>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let Some(m) = self.comm().inner.io.library() else {
+            return Ok(());
+        };
+        let d = self.comm().deadline();
+        if library_reduces(T::DTYPE) {
+            return m.allreduce(bytemuck::cast_slice_mut(data), T::DTYPE, op, d);
+        }
+        let (n, len) = (self.n(), data.len());
+        let mut all = vec![T::zeroed(); n * len];
+        m.allgather(
+            bytemuck::cast_slice(data),
+            bytemuck::cast_slice_mut(&mut all),
+            d,
+        )?;
+        for (i, x) in data.iter_mut().enumerate() {
+            let mut a = all[i];
+            for p in 1..n {
+                a = T::combine(a, all[p * len + i], op);
+            }
+            *x = a;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,159 @@
+//! Signals: a `u32` in a window that peers notify (add or store, with release semantics) and
+//! its owner waits on, tests, or hands to a chip as a deferred-completion condition. See
+//! `docs/design/comm-windows.md`.
+
+use std::time::Instant;
+
+use crate::backend::wait_err;
+use crate::error::CommError;
+use crate::window::Window;
+
+/// How a notify changes a signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignalOp {
+    /// Adds the value.
+    Add,
+    /// Stores the value.
+    Set,
+}
+
+impl Window {
+    /// Notifies the signal (a `u32`) at `(rank, offset)`: adds or stores `value`, with release
+    /// semantics (everything this rank wrote before is visible to a waiter that sees it), and
+    /// wakes the target if it is parked.
+    ///
+    /// # One-sided
+    ///
+    /// Only the caller takes part.
+    ///
+    /// # Errors
+    ///
+    /// A bad rank, a range outside the window, or an offset not 4-aligned.
+    pub fn notify(
+        &self,
+        rank: usize,
+        offset: usize,
+        value: u32,
+        op: SignalOp,
+    ) -> Result<(), CommError> {
+        self.check_atomic("signal notify", rank, offset, 4)?;
+        self.inner
+            .io
+            .notify(rank, offset, value, op == SignalOp::Add)
+    }
+
+    /// Waits until this rank's signal at `offset` reaches `value` (`>=`, compared as the signed
+    /// difference so that epoch counters may wrap), with the default deadline. Returns the
+    /// value seen.
+    ///
+    /// # Errors
+    ///
+    /// A range outside the window, a misaligned offset, a dead or failed member (named), an
+    /// abort, or the deadline.
+    pub fn wait_until(&self, offset: usize, value: u32) -> Result<u32, CommError> {
+        self.wait_until_deadline(offset, value, self.inner.comm.deadline())
+    }
+
+    /// [`Window::wait_until`] with an explicit deadline.
+    ///
+    /// # Errors
+    ///
+    /// As [`Window::wait_until`].
+    pub fn wait_until_deadline(
+        &self,
+        offset: usize,
+        value: u32,
+        deadline: Instant,
+    ) -> Result<u32, CommError> {
+        let me = self.rank();
+        self.check_atomic("signal wait", me, offset, 4)?;
+        let reached = |v: u32| (v.wrapping_sub(value) as i32) >= 0;
+        let comm = &self.inner.comm;
+        self.inner
+            .io
+            .wait(me, offset, reached, deadline, || comm.check())
+            .map_err(wait_err(
+                || format!("signal wait at offset {offset} for >= {value}"),
+                comm.world_rank(),
+            ))
+    }
+
+    /// Test a signal without waiting: true when this rank's signal at `offset` is `>= value`.
+    ///
+    /// # Errors
+    ///
+    /// A range outside the window or a misaligned offset.
+    pub fn test(&self, offset: usize, value: u32) -> Result<bool, CommError> {
+        let v = self.load_u32(self.rank(), offset)?;
+        Ok((v.wrapping_sub(value) as i32) >= 0)
+    }
+
+    /// A deferred-completion condition: this rank's signal at `offset` reaches `value` (`>=`,
+    /// wrapping as in [`Window::wait_until`]). Polling it is one atomic load plus the abort
+    /// word; an abort fails it.
+    ///
+    /// # Errors
+    ///
+    /// A range outside the window or a misaligned offset.
+    pub fn signal_condition(
+        &self,
+        offset: usize,
+        value: u32,
+    ) -> Result<SignalCondition, CommError> {
+        self.counter_condition(self.rank(), offset, value)
+    }
+
+    /// A deferred-completion condition on the `u32` counter at `(rank, offset)` of any rank's
+    /// window reaching `value`.
+    ///
+    /// # Errors
+    ///
+    /// A bad rank, a range outside the window or a misaligned offset.
+    pub fn counter_condition(
+        &self,
+        rank: usize,
+        offset: usize,
+        value: u32,
+    ) -> Result<SignalCondition, CommError> {
+        self.check_atomic("signal condition", rank, offset, 4)?;
+        Ok(SignalCondition {
+            window: self.clone(),
+            rank,
+            offset,
+            value,
+        })
+    }
+}
+
+/// A signal or counter in a window reaching a value, as a deferred-completion condition
+/// ([`Window::signal_condition`]).
+#[derive(Clone, Debug)]
+pub struct SignalCondition {
+    window: Window,
+    rank: usize,
+    offset: usize,
+    value: u32,
+}
+
+impl pto_core::Condition for SignalCondition {
+    fn poll(&self) -> pto_core::Poll {
+        let value = self.value;
+        let reached = |v: u32| (v.wrapping_sub(value) as i32) >= 0;
+        match self.window.inner.io.poll(self.rank, self.offset, reached) {
+            Ok(Some(_)) => return pto_core::Poll::Ready,
+            Ok(None) => {}
+            Err(e) => return pto_core::Poll::Failed(e.to_string()),
+        }
+        match self.window.inner.comm.world_ref().check_abort() {
+            Ok(()) => pto_core::Poll::Pending,
+            Err(e) => pto_core::Poll::Failed(e.to_string()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "signal at offset {} of rank {} >= {}",
+            self.offset, self.rank, self.value
+        )
+    }
+}
