@@ -1,6 +1,7 @@
 //! The body of a child process: bring-up (chips), then serve frames until shutdown or until the
 //! parent is gone. A child never returns into the parent's code: it leaves with `exit_now`.
 
+use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use pto_core::{Chip, Program, RunOptions, Scalar, Tensor};
 use crate::frame::{Frame, FrameKind, Outcome, TensorDesc};
 use crate::mailbox::{BootFacts, Mailbox, RESULT_CAP};
 use crate::shared::SegmentCache;
-use crate::{ChipCall, Spec, SubCall, Worker};
+use crate::spec::{ChipCall, Spec, SubCall};
 
 /// What a child process is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +88,7 @@ fn write_bytes(t: &Tensor, data: &[u8]) -> Result<(), String> {
 fn serve(
     spec: &Spec,
     chip: Option<&ChipState>,
-    inner: Option<&Worker>,
+    inner: Option<&dyn Any>,
     cache: &SegmentCache,
     bytes: &[u8],
 ) -> Outcome {
@@ -293,7 +294,8 @@ fn bring_up(
     ))
 }
 
-/// Runs a child: `chip` is `Some(index)` for a chip, `None` for a sub-worker.
+/// Runs a child in its `role` (a chip, a sub-worker or a child Worker) until the parent asks
+/// it to leave or is gone; never returns.
 pub(crate) fn child_main(
     spec: &Spec,
     world: Option<&ShmWorld>,
@@ -330,7 +332,7 @@ pub(crate) fn child_main(
                 mailbox.boot_error(1, &format!("child worker {i}: no factory"));
                 pto_shm::process::exit_now(3);
             };
-            match factory().init() {
+            match factory() {
                 Ok(w) => {
                     inner = Some(w);
                     mailbox.boot_success(&BootFacts::default());
@@ -346,7 +348,7 @@ pub(crate) fn child_main(
     loop {
         match mailbox.next_frame(parent) {
             Ok(Some((ident, Ok(bytes)))) => {
-                let out = serve(spec, state.as_ref(), inner.as_ref(), &cache, &bytes);
+                let out = serve(spec, state.as_ref(), inner.as_deref(), &cache, &bytes);
                 mailbox.reply(ident, &out.encode(RESULT_CAP));
             }
             Ok(Some((ident, Err(e)))) => {

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use pto_shm::wait::{wait_until, wake, WaitError};
 use pto_shm::{segment_kind, HeaderInit, Segment};
 
+use crate::error::WorkerError;
 use crate::frame::truncate;
-use crate::WorkerError;
 
 /// Bytes for a frame.
 pub const FRAME_CAP: usize = 64 << 10;

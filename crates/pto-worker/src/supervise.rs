@@ -1,132 +1,199 @@
-//! Watching the children: their exits (with status and time), a watcher thread that notices a
-//! death in any phase (between runs too), and shutdown.
+//! Supervising the children: forking them and waiting for their bring-up ([`start`]), a
+//! watcher thread that notices a death in any phase (between runs too), and reaping them at
+//! shutdown.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-use pto_shm::process::{ProcessId, Reaped};
+use pto_comm::shm::ShmWorld;
+use pto_shm::process::Forked;
 
-use crate::failure::{ChildExit, ChildFailure, FailKind};
-use crate::mailbox::Mailbox;
-use crate::HostState;
+use crate::child;
+use crate::error::WorkerError;
+use crate::failure::{ChildFailure, FailKind, RunFailure};
+use crate::host::{ChildHandle, HostState, GRACE};
+use crate::mailbox::{BootFacts, Mailbox};
+use crate::spec::Spec;
 
-/// One child process, from the parent's side.
-pub(crate) struct ChildHandle {
-    pub(crate) who: String,
-    pub(crate) pid: ProcessId,
-    pub(crate) mailbox: Mailbox,
-    /// Held while a task runs on this child; counts frames sent.
-    pub(crate) generation: Mutex<u64>,
-    /// How it ended, once it is reaped.
-    exit: Mutex<Option<ChildExit>>,
+/// A Worker's children, forked and up.
+pub(crate) struct Started {
+    /// Every child: chips, then sub-workers, then child Workers.
+    pub(crate) children: Vec<ChildHandle>,
+    /// What each chip reported at bring-up.
+    pub(crate) facts: Vec<BootFacts>,
+    /// The chips' world, when they communicate.
+    pub(crate) world: Option<ShmWorld>,
+    /// When the forking began (the Worker's init time counts from here).
+    pub(crate) t0: Instant,
 }
 
-impl ChildHandle {
-    /// A forked child; registered to be killed if a signal ends this process.
-    pub(crate) fn new(who: String, pid: ProcessId, mailbox: Mailbox) -> ChildHandle {
-        pto_shm::cleanup::register_child(pid.pid);
-        tracing::debug!(child = who, pid = pid.pid, "child forked");
-        ChildHandle {
-            who,
-            pid,
-            mailbox,
-            generation: Mutex::new(0),
-            exit: Mutex::new(None),
-        }
+/// Forks every child and waits until each is up.
+///
+/// # Errors
+///
+/// A process that already has threads, a failed fork, a chip whose bring-up failed (every
+/// child is then reaped and no segment is left), or a timeout.
+pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
+    let threads = pto_shm::process::thread_count();
+    if threads > 1 {
+        return Err(WorkerError::NotSingleThreaded { threads });
     }
-
-    /// How the child ended, reaping it if it just did; `None` while it runs (or is stopped).
-    /// One `waitpid` call, no `/proc` read.
-    pub(crate) fn exit(&self) -> Option<ChildExit> {
-        let mut e = self.exit.lock();
-        if e.is_none() {
-            *e = pto_shm::process::reap(self.pid.pid).map(|r| {
-                pto_shm::cleanup::forget(self.pid.pid);
-                let exit = match r {
-                    Reaped::Exited(c) => ChildExit::Code(c),
-                    Reaped::Signaled(s) => ChildExit::Signal(s),
-                    Reaped::Unknown => ChildExit::Unknown,
+    // Before forking, so that children inherit it: a signal ends every child and removes
+    // every segment (docs/design/worker.md).
+    pto_shm::cleanup::install();
+    let t0 = Instant::now();
+    let world = if spec.comm {
+        Some(ShmWorld::create(spec.chips)?)
+    } else {
+        None
+    };
+    let total = spec.chips + spec.subs + spec.workers.len();
+    let mut boxes = Vec::with_capacity(total);
+    for i in 0..total {
+        boxes.push(Mailbox::create(&format!("mb{i}"))?);
+    }
+    let parent = std::process::id();
+    let mut children: Vec<ChildHandle> = Vec::with_capacity(total);
+    let mut boxes = boxes.into_iter();
+    for i in 0..total {
+        let Some(mb) = boxes.next() else { break };
+        let role = if i < spec.chips {
+            child::Role::Chip(i)
+        } else if i < spec.chips + spec.subs {
+            child::Role::Sub
+        } else {
+            child::Role::Worker(i - spec.chips - spec.subs)
+        };
+        // SAFETY: checked above that this process is single-threaded, and no thread has
+        // been started since; the child runs `child_main`, which never returns.
+        #[allow(unsafe_code)]
+        let forked = unsafe { pto_shm::process::fork() };
+        match forked {
+            Ok(Forked::Child) => child::child_main(spec, world.as_ref(), &mb, role, parent),
+            Ok(Forked::Parent(pid)) => {
+                let who = match role {
+                    child::Role::Chip(c) => format!("chip {c}"),
+                    child::Role::Sub => format!("sub-worker {}", i - spec.chips),
+                    child::Role::Worker(w) => format!("child worker {w}"),
                 };
-                tracing::debug!(child = self.who, pid = self.pid.pid, %exit, "child ended");
-                exit
-            });
-        }
-        *e
-    }
-
-    pub(crate) fn running(&self) -> bool {
-        self.exit().is_none()
-    }
-
-    /// Sends `SIGKILL` unless the child was reaped (its pid may belong to another process).
-    pub(crate) fn kill(&self) {
-        let e = self.exit.lock();
-        if e.is_none() {
-            pto_shm::process::kill(self.pid.pid);
-        }
-    }
-
-    /// A failure record for this child, seen now.
-    pub(crate) fn failure(&self, child: usize, kind: FailKind, message: String) -> ChildFailure {
-        ChildFailure {
-            child,
-            who: self.who.clone(),
-            pid: self.pid.pid,
-            kind,
-            message,
-            at: Instant::now(),
-        }
-    }
-
-    /// Why this child did not answer `what` by its deadline: stopped, or running but silent.
-    pub(crate) fn silence(&self, child: usize, waited: Duration, what: &str) -> ChildFailure {
-        match self.exit() {
-            Some(e) => self.failure(child, FailKind::Died(e), String::new()),
-            None if pto_shm::process::is_stopped(self.pid.pid) => self.failure(
-                child,
-                FailKind::Stopped,
-                format!("{what} got no answer within {waited:.1?}"),
-            ),
-            None => self.failure(
-                child,
-                FailKind::NoAnswer,
-                format!(
-                    "{what} got no answer within {waited:.1?} (busy in code that never returns?)"
-                ),
-            ),
-        }
-    }
-}
-
-/// Asks every child to leave, waits up to `grace`, then kills and reaps the rest.
-pub(crate) fn reap_all(children: &[ChildHandle], grace: Duration) {
-    for c in children {
-        c.mailbox.shutdown();
-    }
-    let deadline = Instant::now() + grace;
-    for c in children {
-        // A stopped child cannot leave on its own: no grace for it.
-        if c.running() && pto_shm::process::is_stopped(c.pid.pid) {
-            c.kill();
-        }
-        while c.running() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        if c.running() {
-            tracing::debug!(
-                child = c.who,
-                pid = c.pid.pid,
-                "child did not leave: killed"
-            );
-            c.kill();
-            let t = Instant::now();
-            while c.running() && t.elapsed() < Duration::from_secs(2) {
-                std::thread::sleep(Duration::from_millis(1));
+                children.push(ChildHandle::new(who, pid, mb));
+            }
+            Err(e) => {
+                reap_all(&children, Duration::from_millis(500));
+                return Err(WorkerError::Fork(e));
             }
         }
     }
+    let facts = match bring_up(&children, spec.timeout) {
+        Ok(f) => f,
+        Err(e) => {
+            reap_all(&children, Duration::from_millis(500));
+            drop(world);
+            return Err(e);
+        }
+    };
+    tracing::debug!(chips = spec.chips, children = total, took = ?t0.elapsed(), "Worker up");
+    Ok(Started {
+        children,
+        facts,
+        world,
+        t0,
+    })
+}
+
+/// Waits for every child's bootstrap record. On a failure, keeps collecting for a moment so
+/// that the report can tell the root cause from its consequences.
+fn bring_up(children: &[ChildHandle], timeout: Duration) -> Result<Vec<BootFacts>, WorkerError> {
+    let deadline = Instant::now() + timeout;
+    let mut facts = vec![None; children.len()];
+    let mut failures: Vec<ChildFailure> = Vec::new();
+    let mut settle: Option<Instant> = None;
+    loop {
+        let mut pending = 0;
+        for (i, c) in children.iter().enumerate() {
+            if facts[i].is_some() || failures.iter().any(|f| f.child == i) {
+                continue;
+            }
+            // A child may report just before it dies: read its record first.
+            let exit = c.exit();
+            match c.mailbox.boot_result() {
+                Ok(Some(f)) => facts[i] = Some(f),
+                Err(message) => {
+                    // A chip whose bring-up failed because of another says so first.
+                    let (kind, message) = if let Some(m) = message.strip_prefix("consequence: ") {
+                        (FailKind::Consequence, m.to_string())
+                    } else if let Some(m) = message.strip_prefix("timeout: ") {
+                        (FailKind::TimedOut, m.to_string())
+                    } else {
+                        (FailKind::Task, message)
+                    };
+                    failures.push(c.failure(i, kind, message));
+                }
+                Ok(None) => match exit {
+                    Some(e) => {
+                        failures.push(c.failure(i, FailKind::Died(e), "during bring-up".into()))
+                    }
+                    None => pending += 1,
+                },
+            }
+        }
+        if !failures.is_empty() {
+            // Consequences (peers noticing the failure) follow within a few wait slices.
+            let until = *settle.get_or_insert_with(|| Instant::now() + Duration::from_millis(60));
+            if pending == 0 || Instant::now() >= until {
+                break;
+            }
+        } else if pending == 0 {
+            return Ok(facts.into_iter().map(Option::unwrap_or_default).collect());
+        } else if Instant::now() >= deadline + GRACE {
+            // The chips' own deadlines (which say what they waited for) had their chance.
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // Children that said nothing: a stopped one is a root cause.
+    let waited = deadline.saturating_duration_since(Instant::now()) + timeout;
+    for (i, c) in children.iter().enumerate() {
+        if facts[i].is_none()
+            && !failures.iter().any(|f| f.child == i)
+            && (pto_shm::process::is_stopped(c.pid.pid) || c.exit().is_some())
+        {
+            failures.push(c.silence(i, waited.min(timeout + GRACE), "bring-up"));
+        }
+    }
+    if failures.is_empty() {
+        {
+            let up = facts.iter().filter(|f| f.is_some()).count();
+            let pending = children.len() - up;
+            let waiting: Vec<&str> = children
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| facts[*i].is_none())
+                .map(|(_, c)| c.who.as_str())
+                .take(8)
+                .collect();
+            return Err(WorkerError::Timeout(format!(
+                "bring-up did not finish within {timeout:?}: {up} of {} children up, still starting: {}{} (raise PTO_WAIT_TIMEOUT_MS, or run fewer chips)",
+                children.len(),
+                waiting.join(", "),
+                if pending > waiting.len() { ", ..." } else { "" }
+            )));
+        }
+    }
+    let mut report = RunFailure::from_failures(failures)
+        .ok_or_else(|| WorkerError::Timeout("bring-up failed".into()))?;
+    if report.root.kind == FailKind::TimedOut {
+        report.root.message.push_str(&format!(
+            " (bring-up of {} children did not finish in time: raise PTO_WAIT_TIMEOUT_MS, or run fewer chips)",
+            children.len()
+        ));
+    }
+    Err(WorkerError::Boot {
+        who: report.root.who.clone(),
+        message: report.to_string(),
+        report: Box::new(report),
+    })
 }
 
 /// How often the watcher looks: every 20 ms for up to 64 children, less often for more (each
@@ -171,4 +238,33 @@ pub(crate) fn spawn_watcher(state: Arc<HostState>) -> std::io::Result<std::threa
                 std::thread::park_timeout(every);
             }
         })
+}
+
+/// Asks every child to leave, waits up to `grace`, then kills and reaps the rest.
+pub(crate) fn reap_all(children: &[ChildHandle], grace: Duration) {
+    for c in children {
+        c.mailbox.shutdown();
+    }
+    let deadline = Instant::now() + grace;
+    for c in children {
+        // A stopped child cannot leave on its own: no grace for it.
+        if c.running() && pto_shm::process::is_stopped(c.pid.pid) {
+            c.kill();
+        }
+        while c.running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if c.running() {
+            tracing::debug!(
+                child = c.who,
+                pid = c.pid.pid,
+                "child did not leave: killed"
+            );
+            c.kill();
+            let t = Instant::now();
+            while c.running() && t.elapsed() < Duration::from_secs(2) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
 }

@@ -1,0 +1,263 @@
+//! The host's side of its children: a handle per child process (its exit, kill, failure
+//! records) and the state host kernels reach through the host chip's extension ([`HostState`]:
+//! send a frame to a child, collect the results of frames already sent, note failures).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use pto_shm::process::{ProcessId, Reaped};
+
+use crate::failure::{ChildExit, ChildFailure, FailKind};
+use crate::frame::Outcome;
+use crate::mailbox::{Ident, Mailbox};
+use crate::spec::{ExitHook, Spec};
+
+/// Extra time the host gives a child past the wait deadline, so that a child's own deadline
+/// error (which says what it waited for) arrives before the host gives up on it.
+pub(crate) const GRACE: Duration = Duration::from_millis(300);
+
+/// One child process, from the parent's side.
+pub(crate) struct ChildHandle {
+    pub(crate) who: String,
+    pub(crate) pid: ProcessId,
+    pub(crate) mailbox: Mailbox,
+    /// Held while a task runs on this child; counts frames sent.
+    pub(crate) generation: Mutex<u64>,
+    /// How it ended, once it is reaped.
+    exit: Mutex<Option<ChildExit>>,
+}
+
+impl ChildHandle {
+    /// A forked child; registered to be killed if a signal ends this process.
+    pub(crate) fn new(who: String, pid: ProcessId, mailbox: Mailbox) -> ChildHandle {
+        pto_shm::cleanup::register_child(pid.pid);
+        tracing::debug!(child = who, pid = pid.pid, "child forked");
+        ChildHandle {
+            who,
+            pid,
+            mailbox,
+            generation: Mutex::new(0),
+            exit: Mutex::new(None),
+        }
+    }
+
+    /// How the child ended, reaping it if it just did; `None` while it runs (or is stopped).
+    /// One `waitpid` call, no `/proc` read.
+    pub(crate) fn exit(&self) -> Option<ChildExit> {
+        let mut e = self.exit.lock();
+        if e.is_none() {
+            *e = pto_shm::process::reap(self.pid.pid).map(|r| {
+                pto_shm::cleanup::forget(self.pid.pid);
+                let exit = match r {
+                    Reaped::Exited(c) => ChildExit::Code(c),
+                    Reaped::Signaled(s) => ChildExit::Signal(s),
+                    Reaped::Unknown => ChildExit::Unknown,
+                };
+                tracing::debug!(child = self.who, pid = self.pid.pid, %exit, "child ended");
+                exit
+            });
+        }
+        *e
+    }
+
+    pub(crate) fn running(&self) -> bool {
+        self.exit().is_none()
+    }
+
+    /// Sends `SIGKILL` unless the child was reaped (its pid may belong to another process).
+    pub(crate) fn kill(&self) {
+        let e = self.exit.lock();
+        if e.is_none() {
+            pto_shm::process::kill(self.pid.pid);
+        }
+    }
+
+    /// A failure record for this child, seen now.
+    pub(crate) fn failure(&self, child: usize, kind: FailKind, message: String) -> ChildFailure {
+        ChildFailure {
+            child,
+            who: self.who.clone(),
+            pid: self.pid.pid,
+            kind,
+            message,
+            at: Instant::now(),
+        }
+    }
+
+    /// Why this child did not answer `what` by its deadline: stopped, or running but silent.
+    pub(crate) fn silence(&self, child: usize, waited: Duration, what: &str) -> ChildFailure {
+        match self.exit() {
+            Some(e) => self.failure(child, FailKind::Died(e), String::new()),
+            None if pto_shm::process::is_stopped(self.pid.pid) => self.failure(
+                child,
+                FailKind::Stopped,
+                format!("{what} got no answer within {waited:.1?}"),
+            ),
+            None => self.failure(
+                child,
+                FailKind::NoAnswer,
+                format!(
+                    "{what} got no answer within {waited:.1?} (busy in code that never returns?)"
+                ),
+            ),
+        }
+    }
+}
+
+/// The host's view of its children, reachable from host kernels (the host chip's extension).
+pub(crate) struct HostState {
+    pub(crate) children: Vec<ChildHandle>,
+    pub(crate) chips: usize,
+    pub(crate) subs: usize,
+    pub(crate) timeout: Duration,
+    pub(crate) run: AtomicU64,
+    /// Set once a child is gone or lost: the Worker cannot run any more.
+    pub(crate) broken: Mutex<Option<String>>,
+    /// Every child failure seen since the last run started.
+    pub(crate) failures: Mutex<Vec<ChildFailure>>,
+    pub(crate) in_run: AtomicBool,
+    pub(crate) closing: AtomicBool,
+    /// Why [`Worker::abort`](crate::Worker::abort) ended the Worker.
+    pub(crate) aborted: Mutex<Option<String>>,
+    pub(crate) on_exit: Option<Arc<ExitHook>>,
+    pub(crate) traces: Mutex<Vec<String>>,
+    pub(crate) tracing: AtomicBool,
+}
+
+/// What a child's result status means: 0 success, 1 its task failed, 2 the frame or the child
+/// was bad, 3 its task failed because of another child, 4 a wait on the others ran out.
+fn kind_of(status: u32) -> FailKind {
+    match status {
+        3 => FailKind::Consequence,
+        4 => FailKind::TimedOut,
+        _ => FailKind::Task,
+    }
+}
+
+impl HostState {
+    /// The state of a Worker whose `children` are up, none failed yet.
+    pub(crate) fn new(
+        children: Vec<ChildHandle>,
+        spec: &Spec,
+        on_exit: Option<Arc<ExitHook>>,
+    ) -> HostState {
+        HostState {
+            children,
+            chips: spec.chips,
+            subs: spec.subs,
+            timeout: spec.timeout,
+            run: AtomicU64::new(0),
+            broken: Mutex::new(None),
+            failures: Mutex::new(Vec::new()),
+            in_run: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            aborted: Mutex::new(None),
+            on_exit,
+            traces: Mutex::new(Vec::new()),
+            tracing: AtomicBool::new(false),
+        }
+    }
+
+    /// Keeps a failure; a child that is gone or lost makes the Worker unusable.
+    pub(crate) fn note_failure(&self, f: ChildFailure) {
+        if matches!(
+            f.kind,
+            FailKind::Died(_) | FailKind::Stopped | FailKind::NoAnswer
+        ) {
+            self.broken.lock().get_or_insert_with(|| f.to_string());
+        }
+        self.failures.lock().push(f);
+    }
+
+    /// Sends one frame to one child and waits for its result.
+    pub(crate) fn send(&self, child: usize, task: u64, frame: &[u8]) -> Result<Outcome, String> {
+        let c = &self.children[child];
+        let mut gen = c.generation.lock();
+        *gen += 1;
+        let ident = Ident {
+            run: self.run.load(Ordering::Relaxed),
+            task,
+            generation: *gen,
+        };
+        c.mailbox.send(ident, frame).map_err(|e| e.to_string())?;
+        self.collect(task, &[(child, ident)])
+            .pop()
+            .unwrap_or_else(|| Err("no result".into()))
+    }
+
+    /// Waits for the results of frames already sent to `members`, all at once: a member that
+    /// fails, dies or stops answering is noticed while the others are still awaited. Every
+    /// failure is recorded (with the time it was seen); the results come back in member order.
+    pub(crate) fn collect(
+        &self,
+        task: u64,
+        members: &[(usize, Ident)],
+    ) -> Vec<Result<Outcome, String>> {
+        let start = Instant::now();
+        let deadline = start + self.timeout + GRACE;
+        let mut out: Vec<Option<Result<Outcome, String>>> = vec![None; members.len()];
+        let mut pending: Vec<usize> = (0..members.len()).collect();
+        while let Some(&first) = pending.first() {
+            let c = &self.children[members[first].0];
+            // Park on the first pending member; between slices, look at all of them.
+            let _ = c.mailbox.wait_ready(deadline, || {
+                let changed = pending.iter().any(|&k| {
+                    let ch = &self.children[members[k].0];
+                    ch.mailbox.result_ready() || !ch.running()
+                });
+                if changed {
+                    Err(())
+                } else {
+                    Ok(())
+                }
+            });
+            let past = Instant::now() >= deadline;
+            pending.retain(|&k| {
+                let (ci, ident) = members[k];
+                let ch = &self.children[ci];
+                let r = if ch.mailbox.result_ready() {
+                    let r = ch
+                        .mailbox
+                        .take_result(ident, &ch.who)
+                        .map_err(|e| e.to_string())
+                        .and_then(|b| Outcome::decode(&b).map_err(|e| format!("{}: {e}", ch.who)));
+                    match &r {
+                        Ok(o) if o.status != 0 => {
+                            self.note_failure(ch.failure(ci, kind_of(o.status), o.message.clone()))
+                        }
+                        Ok(o) if !o.trace.is_empty() => self.traces.lock().push(o.trace.clone()),
+                        Ok(_) => {}
+                        Err(e) => self.note_failure(ch.failure(ci, FailKind::Task, e.clone())),
+                    }
+                    r
+                } else if let Some(e) = ch.exit() {
+                    let f = ch.failure(
+                        ci,
+                        FailKind::Died(e),
+                        format!("while running host task {task}"),
+                    );
+                    let m = f.to_string();
+                    self.note_failure(f);
+                    Err(m)
+                } else if past {
+                    let f = ch.silence(ci, start.elapsed(), &format!("host task {task}"));
+                    let m = f.to_string();
+                    // It cannot be trusted with another frame: stop it (a stopped process
+                    // takes SIGKILL too).
+                    ch.kill();
+                    self.note_failure(f);
+                    Err(m)
+                } else {
+                    return true;
+                };
+                out[k] = Some(r);
+                false
+            });
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err("no result".into())))
+            .collect()
+    }
+}

@@ -1,0 +1,367 @@
+//! Host orchestration: the API a run's closure gets ([`HostOrch`]: chip programs, groups of
+//! chips, sub-worker and child-Worker closures) and the host kernels that carry each of its
+//! tasks to the children as a frame. `HostOrch` appends routing scalars (program, chip, group
+//! members, closure, child Worker) after the user's; the host kernels split them off.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+
+use pto_core::{
+    CoreKind, DType, KernelCtx, KernelError, KernelRegistry, Orch, OrchError, Scalar, Submitted,
+    TaskArgs,
+};
+
+use crate::frame::{Frame, FrameKind, Outcome, TensorDesc};
+use crate::host::HostState;
+use crate::mailbox::Ident;
+use crate::spec::Spec;
+
+/// The host orchestration API: submit chip programs, groups and sub-worker closures.
+pub struct HostOrch<'o, 'a> {
+    orch: &'o mut Orch<'a>,
+    spec: &'o Spec,
+}
+
+impl fmt::Debug for HostOrch<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostOrch").finish_non_exhaustive()
+    }
+}
+
+impl<'o, 'a> HostOrch<'o, 'a> {
+    /// The API over the host run's orchestration `orch`, for the Worker made from `spec`.
+    pub(crate) fn new(orch: &'o mut Orch<'a>, spec: &'o Spec) -> HostOrch<'o, 'a> {
+        HostOrch { orch, spec }
+    }
+}
+
+impl<'a> HostOrch<'_, 'a> {
+    fn program(&self, name: &str) -> Result<u64, OrchError> {
+        self.spec
+            .programs
+            .iter()
+            .position(|p| p.0 == name)
+            .map(|p| p as u64)
+            .ok_or_else(|| OrchError::msg(format!("no chip program named {name:?}")))
+    }
+
+    fn chip_index(&self, chip: usize) -> Result<u64, OrchError> {
+        if chip >= self.spec.chips {
+            return Err(OrchError::msg(format!(
+                "chip {chip} does not exist (the Worker has {})",
+                self.spec.chips
+            )));
+        }
+        Ok(chip as u64)
+    }
+
+    /// Runs chip program `program` on chip `chip` with `args` (host tensors and scalars).
+    ///
+    /// # Errors
+    ///
+    /// An unknown program or chip, or the errors of [`Orch::submit`].
+    pub fn submit_chip(
+        &mut self,
+        chip: usize,
+        program: &str,
+        args: TaskArgs,
+    ) -> Result<Submitted, OrchError> {
+        let (p, c) = (self.program(program)?, self.chip_index(chip)?);
+        self.orch.submit("chip", args.scalar(p).scalar(c))
+    }
+
+    /// Runs `program` on every chip of `chips` at the same time (what a collective needs): no
+    /// member starts before every member is free.
+    ///
+    /// # Errors
+    ///
+    /// An empty or repeated member list, an unknown program or chip, or the errors of
+    /// [`Orch::submit`].
+    pub fn submit_group(
+        &mut self,
+        chips: &[usize],
+        program: &str,
+        args: TaskArgs,
+    ) -> Result<Submitted, OrchError> {
+        let p = self.program(program)?;
+        let mut seen = vec![false; self.spec.chips];
+        if chips.is_empty() {
+            return Err(OrchError::msg("a group needs at least one chip"));
+        }
+        let mut args = args.scalar(p).scalar(chips.len() as u64);
+        for &c in chips {
+            self.chip_index(c)?;
+            if std::mem::replace(&mut seen[c], true) {
+                return Err(OrchError::msg(format!(
+                    "chip {c} is listed twice in a group"
+                )));
+            }
+        }
+        for &c in chips {
+            args = args.scalar(c as u64);
+        }
+        // The size goes last so the kernel can find the member list.
+        args = args.scalar(chips.len() as u64);
+        self.orch.submit("group", args)
+    }
+
+    /// Runs sub-worker closure `name` on a free sub-worker.
+    ///
+    /// # Errors
+    ///
+    /// An unknown closure, or the errors of [`Orch::submit`].
+    pub fn submit_sub(&mut self, name: &str, args: TaskArgs) -> Result<Submitted, OrchError> {
+        let f = self
+            .spec
+            .subs_fns
+            .iter()
+            .position(|s| s.0 == name)
+            .ok_or_else(|| OrchError::msg(format!("no sub-worker closure named {name:?}")))?;
+        self.orch.submit("sub", args.scalar(f as u64))
+    }
+
+    /// Runs closure `name` on child Worker `w` (L4).
+    ///
+    /// # Errors
+    ///
+    /// An unknown closure or child Worker, or the errors of [`Orch::submit`].
+    pub fn submit_worker(
+        &mut self,
+        w: usize,
+        name: &str,
+        args: TaskArgs,
+    ) -> Result<Submitted, OrchError> {
+        if w >= self.spec.workers.len() {
+            return Err(OrchError::msg(format!(
+                "child worker {w} does not exist (there are {})",
+                self.spec.workers.len()
+            )));
+        }
+        let f = self
+            .spec
+            .worker_fns
+            .iter()
+            .position(|s| s.0 == name)
+            .ok_or_else(|| OrchError::msg(format!("no child-worker closure named {name:?}")))?;
+        self.orch
+            .submit("worker", args.scalar(f as u64).scalar(w as u64))
+    }
+
+    /// Runs `f` in a nested scope (see [`Orch::scope`]): host tasks submitted inside are
+    /// reclaimed once it ends, so long host orchestrations stay within the host rings.
+    ///
+    /// # Errors
+    ///
+    /// What `f` returns.
+    pub fn scope<R>(
+        &mut self,
+        f: impl FnOnce(&mut HostOrch<'_, 'a>) -> Result<R, OrchError>,
+    ) -> Result<R, OrchError> {
+        let spec = self.spec;
+        self.orch.scope(|o| {
+            let mut h = HostOrch { orch: o, spec };
+            f(&mut h)
+        })
+    }
+
+    /// The underlying orchestration (scopes, reads, dummy tasks).
+    pub fn orch(&mut self) -> &mut Orch<'a> {
+        self.orch
+    }
+}
+
+fn descs(ctx: &KernelCtx<'_>) -> Result<Vec<TensorDesc>, KernelError> {
+    (0..ctx.num_tensors())
+        .map(|i| {
+            let t = ctx.tensor(i)?;
+            let (name, off) = t.buffer().shared_at().ok_or_else(|| {
+                KernelError::msg(format!(
+                    "tensor argument {i} is not in shared memory: make it with Worker::tensor"
+                ))
+            })?;
+            Ok(TensorDesc {
+                segment: name.to_string(),
+                buffer_offset: off as u64,
+                buffer_len: t.buffer().len() as u64,
+                offset: t.region().offset() as u64,
+                dtype: t.dtype(),
+                mode: ctx.mode(i)?,
+                shape: t.shape().iter().map(|&v| v as u64).collect(),
+                strides: t.strides().iter().map(|&v| v as u64).collect(),
+            })
+        })
+        .collect()
+}
+
+/// The user's scalars (bits and dtype) and the routing scalars.
+type SplitScalars = (Vec<(u64, DType)>, Vec<u64>);
+
+/// Splits the routing scalars (the last `k`) from the user's.
+fn split_scalars(ctx: &KernelCtx<'_>, k: usize) -> Result<SplitScalars, KernelError> {
+    let all = ctx.scalars();
+    if all.len() < k {
+        return Err(KernelError::msg("missing routing scalars"));
+    }
+    let (user, route) = all.split_at(all.len() - k);
+    Ok((
+        user.iter().map(|s| (s.bits(), s.dtype())).collect(),
+        route.iter().map(Scalar::bits).collect(),
+    ))
+}
+
+pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> {
+    let mut k = KernelRegistry::new();
+    // Routing scalars: [.., program, chip].
+    k.register("chip", CoreKind::Aiv, |ctx| {
+        let st = host(ctx)?;
+        let (scalars, route) = split_scalars(ctx, 2)?;
+        let (program, chip) = (route[0] as u32, route[1] as usize);
+        let frame = Frame {
+            kind: FrameKind::Chip,
+            index: program,
+            tensors: descs(ctx)?,
+            scalars,
+            trace: st.tracing.load(Ordering::Relaxed),
+        }
+        .encode();
+        check(
+            st.send(chip, ctx.task().get(), &frame),
+            &st.children[chip].who,
+            ctx,
+        )
+    })?;
+    // Routing scalars: [.., program, n, chip_0 .. chip_n-1].
+    k.register("group", CoreKind::Aiv, |ctx| {
+        let st = host(ctx)?;
+        let all = ctx.scalars();
+        let n = all
+            .len()
+            .checked_sub(1)
+            .and_then(|i| all.get(i))
+            .map(|s| s.bits() as usize)
+            .ok_or_else(|| KernelError::msg("missing group size"))?;
+        let (scalars, route) = split_scalars(ctx, n + 3)?;
+        let program = route[0] as u32;
+        let mut members: Vec<usize> = route[2..2 + n].iter().map(|&c| c as usize).collect();
+        let frame = Frame {
+            kind: FrameKind::Chip,
+            index: program,
+            tensors: descs(ctx)?,
+            scalars,
+            trace: st.tracing.load(Ordering::Relaxed),
+        }
+        .encode();
+        // Take every member's lock in one order (no two groups can deadlock), publish all
+        // frames, then collect every result.
+        members.sort_unstable();
+        let mut guards: Vec<_> = members
+            .iter()
+            .map(|&m| st.children[m].generation.lock())
+            .collect();
+        let run = st.run.load(Ordering::Relaxed);
+        let mut idents = Vec::with_capacity(members.len());
+        for (g, &m) in guards.iter_mut().zip(&members) {
+            **g += 1;
+            let ident = Ident {
+                run,
+                task: ctx.task().get(),
+                generation: **g,
+            };
+            st.children[m]
+                .mailbox
+                .send(ident, &frame)
+                .map_err(|e| KernelError::msg(e.to_string()))?;
+            idents.push((m, ident));
+        }
+        let results = st.collect(ctx.task().get(), &idents);
+        drop(guards);
+        let mut first_err = None;
+        for ((m, _), r) in idents.iter().zip(results) {
+            let who = &st.children[*m].who;
+            match r {
+                Ok(o) if o.status == 0 => {}
+                Ok(o) => {
+                    first_err.get_or_insert(format!("{who}: {}", o.message));
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            None => Ok(()),
+            Some(e) => Err(KernelError::msg(e)),
+        }
+    })?;
+    // Routing scalars: [.., function].
+    k.register("sub", CoreKind::Aiv, |ctx| {
+        let st = host(ctx)?;
+        let (scalars, route) = split_scalars(ctx, 1)?;
+        let frame = Frame {
+            kind: FrameKind::Sub,
+            index: route[0] as u32,
+            tensors: descs(ctx)?,
+            scalars,
+            trace: false,
+        }
+        .encode();
+        let subs: Vec<usize> = (st.chips..st.chips + st.subs).collect();
+        if subs.is_empty() {
+            return Err(KernelError::msg("the Worker has no sub-workers"));
+        }
+        // An idle sub-worker if there is one, else the task's own choice (it waits its turn).
+        let pick = subs
+            .iter()
+            .copied()
+            .find(|&s| st.children[s].generation.try_lock().is_some())
+            .unwrap_or(subs[ctx.task().get() as usize % subs.len()]);
+        check(
+            st.send(pick, ctx.task().get(), &frame),
+            &st.children[pick].who,
+            ctx,
+        )
+    })?;
+    // Routing scalars: [.., function, child worker].
+    k.register("worker", CoreKind::Aiv, |ctx| {
+        let st = host(ctx)?;
+        let (scalars, route) = split_scalars(ctx, 2)?;
+        let child = st.chips + st.subs + route[1] as usize;
+        if child >= st.children.len() {
+            return Err(KernelError::msg(format!("no child worker {}", route[1])));
+        }
+        let frame = Frame {
+            kind: FrameKind::Worker,
+            index: route[0] as u32,
+            tensors: descs(ctx)?,
+            scalars,
+            trace: false,
+        }
+        .encode();
+        check(
+            st.send(child, ctx.task().get(), &frame),
+            &st.children[child].who,
+            ctx,
+        )
+    })?;
+    Ok(k)
+}
+
+fn host<'a>(ctx: &'a KernelCtx<'_>) -> Result<&'a HostState, KernelError> {
+    ctx.ext::<HostState>()
+        .ok_or_else(|| KernelError::msg("host kernel outside a Worker"))
+}
+
+fn check(r: Result<Outcome, String>, who: &str, ctx: &KernelCtx<'_>) -> Result<(), KernelError> {
+    match r {
+        Ok(o) if o.status == 0 => Ok(()),
+        Ok(o) => Err(KernelError::msg(format!(
+            "{who}: host task {}: {}",
+            ctx.task(),
+            o.message
+        ))),
+        Err(e) => Err(KernelError::msg(format!(
+            "{who}: host task {}: {e}",
+            ctx.task()
+        ))),
+    }
+}
