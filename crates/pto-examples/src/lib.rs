@@ -21,7 +21,7 @@ use pto_core::{OrchError, RunError, TensorError};
 use serde_json::Value;
 
 mod chip;
-mod collectives_ex;
+mod collectives;
 pub mod dist;
 mod notify;
 pub mod programs;
@@ -319,7 +319,7 @@ pub const EXAMPLES: &[Example] = &[
         name: "allreduce_distributed",
         about: "the four-phase allreduce kernel on the window (stage in, signal barrier, reduce from every peer, stage out); out[i] = n i + 100 n(n-1)/2",
         run: dist::needs_ranks,
-        ranks: Some(collectives_ex::allreduce_distributed),
+        ranks: Some(collectives::allreduce_distributed),
         worker: Some(worker_examples::allreduce_distributed_worker),
         needs: AIV, footprint: fp(96, 1, 1),
         default_size: 256,
@@ -328,7 +328,7 @@ pub const EXAMPLES: &[Example] = &[
         name: "allgather",
         about: "allgather of in[r][i] = i + 100 r; out[r C + i] = 100 r + i",
         run: dist::needs_ranks,
-        ranks: Some(collectives_ex::allgather),
+        ranks: Some(collectives::allgather),
         worker: Some(worker_examples::allgather_worker),
         needs: AIV, footprint: fp(64, 1, 2),
         default_size: 64,
@@ -337,7 +337,7 @@ pub const EXAMPLES: &[Example] = &[
         name: "reduce_scatter",
         about: "reduce-scatter sum; rank r gets out[j] = n (rC + j) + 100 n(n-1)/2",
         run: dist::needs_ranks,
-        ranks: Some(collectives_ex::reduce_scatter),
+        ranks: Some(collectives::reduce_scatter),
         worker: Some(worker_examples::reduce_scatter_worker),
         needs: AIV, footprint: fp(64, 1, 2),
         default_size: 64,
@@ -346,7 +346,7 @@ pub const EXAMPLES: &[Example] = &[
         name: "broadcast",
         about: "broadcast from rank 0; out[i] = i on every rank",
         run: dist::needs_ranks,
-        ranks: Some(collectives_ex::broadcast),
+        ranks: Some(collectives::broadcast),
         worker: Some(worker_examples::broadcast_worker),
         needs: AIV, footprint: fp(64, 1, 1),
         default_size: 256,
@@ -355,7 +355,7 @@ pub const EXAMPLES: &[Example] = &[
         name: "all_to_all",
         about: "all-to-all; out[s C + j] = 1000 s + 100 r + j",
         run: dist::needs_ranks,
-        ranks: Some(collectives_ex::all_to_all),
+        ranks: Some(collectives::all_to_all),
         worker: Some(worker_examples::all_to_all_worker),
         needs: AIV, footprint: fp(64, 1, 2),
         default_size: 32,
@@ -364,7 +364,7 @@ pub const EXAMPLES: &[Example] = &[
         name: "ffn_tp_parallel",
         about: "tensor-parallel FFN: x_r w_r on an AIC core, then an allreduce sum on an AIV core; y = sum_r x_r w_r",
         run: dist::needs_ranks,
-        ranks: Some(collectives_ex::ffn_tp_parallel),
+        ranks: Some(collectives::ffn_tp_parallel),
         worker: Some(worker_examples::ffn_tp_parallel_worker),
         needs: AIC_AIV, footprint: fp(96, 2, 1),
         default_size: 64,
@@ -373,7 +373,7 @@ pub const EXAMPLES: &[Example] = &[
         name: "domain_rank_map",
         about: "collectives over domains (even ranks; the last two, last first): dense ranks follow the list, sums over members only, a clear error outside",
         run: dist::needs_ranks,
-        ranks: Some(collectives_ex::domain_rank_map),
+        ranks: Some(collectives::domain_rank_map),
         worker: Some(worker_examples::domain_rank_map_worker),
         needs: AIV, footprint: fp(96, 1, 1),
         default_size: 32,
@@ -382,7 +382,7 @@ pub const EXAMPLES: &[Example] = &[
         name: "dual_domain_overlap",
         about: "one chip in two domains (left [0,1], right [1,2]): an allreduce per domain, then an affine per (domain, chip)",
         run: dist::needs_ranks,
-        ranks: Some(collectives_ex::dual_domain_overlap),
+        ranks: Some(collectives::dual_domain_overlap),
         worker: Some(worker_examples::dual_domain_overlap_worker),
         needs: AIV, footprint: fp(96, 1, 1),
         default_size: 32,

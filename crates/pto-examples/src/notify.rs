@@ -3,13 +3,17 @@
 //! Each rank runs a chip whose kernels reach the rank's window through the chip's extension
 //! (a [`CommContext`]). A deferred `notify_wait` task registers "my counter >= 1" and returns at
 //! once; its consumer runs only when a peer's notify has arrived.
+//!
+//! The kernels and the task builders that submit them (`deferred_notify_tasks`,
+//! `wait_then_consume`) live here; the chip programs (`programs`) and the Worker examples
+//! (`worker_examples`) use them, and this module uses neither.
 
 use std::sync::Arc;
 
 use pto_comm::{BufferSpec, Comm, CommContext, SignalOp, Window, WindowSpec};
 use pto_core::{
-    Chip, CoreKind, DType, KernelCtx, KernelError, KernelRegistry, Program, RunOptions, TaskArgs,
-    Tensor,
+    Chip, CoreKind, DType, KernelCtx, KernelError, KernelRegistry, Orch, OrchError, Program,
+    RunOptions, TaskArgs, Tensor,
 };
 
 use crate::dist::RankOutcome;
@@ -69,6 +73,43 @@ pub(crate) fn kernels() -> Result<KernelRegistry, ExampleError> {
     Ok(k)
 }
 
+/// `deferred_notify`'s tasks on one chip: put `input` into the next rank's mailbox and notify
+/// its counter, a deferred wait for this rank's counter, then `result = mailbox`.
+pub(crate) fn deferred_notify_tasks(
+    o: &mut Orch<'_>,
+    input: &Tensor,
+    mailbox: &Tensor,
+    result: &Tensor,
+) -> Result<(), OrchError> {
+    o.submit("put_notify", TaskArgs::new().input(input))?;
+    wait_then_consume(o, mailbox, result, 0.0)
+}
+
+/// A deferred wait for this rank's counter (`notify_wait`), then `result = data + add`
+/// (`consume`), which the wait's token orders after it.
+pub(crate) fn wait_then_consume(
+    o: &mut Orch<'_>,
+    data: &Tensor,
+    result: &Tensor,
+    add: f32,
+) -> Result<(), OrchError> {
+    let tok = o
+        .submit(
+            "notify_wait",
+            TaskArgs::new().output(&[1], DType::I32).deferred(),
+        )?
+        .out(0)?;
+    o.submit(
+        "consume",
+        TaskArgs::new()
+            .input(&tok)
+            .input(data)
+            .output_existing(result)
+            .scalar(add),
+    )?;
+    Ok(())
+}
+
 fn setup(comm: &Comm, args: &RunArgs, len: usize) -> Result<(Window, Chip), ExampleError> {
     let spec = WindowSpec::for_buffers(vec![
         BufferSpec::new("mailbox", DType::F32, len),
@@ -97,7 +138,7 @@ pub(crate) fn deferred_notify(comm: &Comm, args: &RunArgs) -> Result<RankOutcome
     let result = Tensor::zeros(&[len], DType::F32)?;
     let res = result.clone();
     let program = Program::new("deferred_notify", kernels()?, move |o| {
-        crate::programs::deferred_notify_tasks(o, &partial, &mailbox, &res)
+        deferred_notify_tasks(o, &partial, &mailbox, &res)
     });
     let report = chip.run_with(&program, RunOptions { trace: args.trace })?;
     let prev = (r + n - 1) % n;
@@ -141,7 +182,7 @@ pub(crate) fn async_notify(comm: &Comm, args: &RunArgs) -> Result<RankOutcome, E
                 TaskArgs::new().input(&tin).output(&[len], DType::F32),
             )?
             .out(0)?;
-        crate::programs::wait_then_consume(o, &out, &res, 1.0)
+        wait_then_consume(o, &out, &res, 1.0)
     });
     let report = chip.run_with(&program, RunOptions { trace: args.trace })?;
     let want: Vec<f64> = input.iter().map(|&x| 2.0 * f64::from(x) + 1.0).collect();

@@ -29,13 +29,13 @@ pub const PROGRAMS: &[ChipProgram] = &[
     ChipProgram {
         name: "ffn_tp_parallel",
         about: "args x[chips,d,d], w[chips,d,d] (IN), y[chips,d,d] (OUT): y[r] = sum_k x[k] w[k] (matmul on AIC, allreduce on AIV); needs collectives",
-        kernels: crate::collectives_ex::kernels,
+        kernels: crate::collectives::kernels,
         orch: ffn,
     },
     ChipProgram {
         name: "allreduce_distributed",
         about: "args in[chips,n] (IN), out[chips,n] (OUT): out[r] = sum_k in[k] by the four-phase kernel; needs window buffers scratch (f32, n) and signals (u32, 16 chips)",
-        kernels: crate::collectives_ex::kernels,
+        kernels: crate::collectives::kernels,
         orch: allreduce_four_phase,
     },
     ChipProgram {
@@ -117,42 +117,5 @@ pub(crate) fn deferred_notify(o: &mut Orch<'_>, call: &ChipCall) -> Result<(), O
         .window(0)
         .and_then(|w| w.local_tensor("mailbox"))
         .map_err(|e| OrchError::msg(e.to_string()))?;
-    deferred_notify_tasks(o, &i, &mailbox, &res)
-}
-
-/// `deferred_notify`'s tasks on one chip: put `input` into the next rank's mailbox and notify
-/// its counter, a deferred wait for this rank's counter, then `result = mailbox`.
-pub(crate) fn deferred_notify_tasks(
-    o: &mut Orch<'_>,
-    input: &Tensor,
-    mailbox: &Tensor,
-    result: &Tensor,
-) -> Result<(), OrchError> {
-    o.submit("put_notify", TaskArgs::new().input(input))?;
-    wait_then_consume(o, mailbox, result, 0.0)
-}
-
-/// A deferred wait for this rank's counter (`notify_wait`), then `result = data + add`
-/// (`consume`), which the wait's token orders after it.
-pub(crate) fn wait_then_consume(
-    o: &mut Orch<'_>,
-    data: &Tensor,
-    result: &Tensor,
-    add: f32,
-) -> Result<(), OrchError> {
-    let tok = o
-        .submit(
-            "notify_wait",
-            TaskArgs::new().output(&[1], DType::I32).deferred(),
-        )?
-        .out(0)?;
-    o.submit(
-        "consume",
-        TaskArgs::new()
-            .input(&tok)
-            .input(data)
-            .output_existing(result)
-            .scalar(add),
-    )?;
-    Ok(())
+    crate::notify::deferred_notify_tasks(o, &i, &mailbox, &res)
 }

@@ -213,7 +213,7 @@ pub(crate) fn ffn_tp_parallel_worker(
     args: &RunArgs,
     chips: usize,
 ) -> Result<Outcome, ExampleError> {
-    use crate::collectives_ex::{f64s, ffn_golden, ffn_w, ffn_x, kernels};
+    use crate::collectives::{f64s, ffn_golden, ffn_w, ffn_x, kernels};
     let d = args.size.unwrap_or(64).max(1);
     let t = Instant::now();
     let w = worker(args)
@@ -255,7 +255,7 @@ pub(crate) fn allreduce_distributed_worker(
     args: &RunArgs,
     chips: usize,
 ) -> Result<Outcome, ExampleError> {
-    use crate::collectives_ex::{f64s, input, kernels};
+    use crate::collectives::{f64s, input, kernels};
     use pto_comm::{BufferSpec, WindowSpec};
     let len = args.size.unwrap_or(256).max(1);
     let t = Instant::now();
@@ -307,7 +307,7 @@ fn collective_worker(
     chips: usize,
     spec: CollectiveRun,
 ) -> Result<Outcome, ExampleError> {
-    use crate::collectives_ex::{f64s, kernels};
+    use crate::collectives::{f64s, kernels};
     let c = spec.c;
     let t = Instant::now();
     let (kernel, in_len, out_len, in_place) =
@@ -498,7 +498,7 @@ fn notify_worker(
                     TaskArgs::new().input(&i).output(&[len], DType::F32),
                 )?
                 .out(0)?;
-            crate::programs::wait_then_consume(o, &out, &res, 1.0)
+            crate::notify::wait_then_consume(o, &out, &res, 1.0)
         })
         .init()?;
     let ins = w.tensor(&[chips, len], DType::F32)?;
@@ -512,7 +512,7 @@ fn notify_worker(
     };
     ins.write(&(0..chips).flat_map(input).collect::<Vec<_>>())?;
     let report = group_run(&w, chips, "notify", &ins, &outs, args.trace)?;
-    let got = crate::collectives_ex::f64s(&outs.read::<f32>()?);
+    let got = crate::collectives::f64s(&outs.read::<f32>()?);
     let (passed, detail) = check_rows(&got, len, "result", 0.0, |r| {
         if asynchronous {
             input(r).iter().map(|&x| 2.0 * f64::from(x) + 1.0).collect()
@@ -609,7 +609,7 @@ fn domain_worker(args: &RunArgs, chips: usize, dual: bool) -> Result<Outcome, Ex
     let outs = w.tensor(&[chips, 2, len], DType::F32)?;
     ins.write(&(0..chips).flat_map(|r| inp(r, len)).collect::<Vec<_>>())?;
     let report = group_run(&w, chips, "domains", &ins, &outs, args.trace)?;
-    let got = crate::collectives_ex::f64s(&outs.read::<f32>()?);
+    let got = crate::collectives::f64s(&outs.read::<f32>()?);
     let mut passed = true;
     let mut detail = format!("{chips} chips: every (chip, domain) matches the golden");
     'check: for r in 0..chips {

@@ -1,6 +1,9 @@
 //! The collective examples: every rank runs a chip whose kernels communicate through the rank's
 //! window (`allreduce_distributed`) or through `pto_comm::Collectives` (the others), and checks
 //! its part of the golden. Inputs follow upstream: `in[r][i] = i + 100·r` unless noted.
+//!
+//! Their kernels, inputs and goldens are shared with the chip programs (`programs`) and the
+//! Worker examples (`worker_examples`).
 
 use std::sync::Arc;
 
