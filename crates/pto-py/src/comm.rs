@@ -1,0 +1,241 @@
+//! The `Comm` of one `run_ranks` rank: its rank and size, a barrier, and collectives over
+//! numpy data (as bytes), refused once `run_ranks` has returned; and what the ranks share.
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use pto_comm::{Collectives, ReduceOp};
+use pto_core::DType;
+use pyo3::exceptions::{PyKeyboardInterrupt, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::args::{repr, string, usize_in};
+use crate::dtypes::{dtype_named, numpy_name};
+use crate::errors::{comm_err, pto_err, Kind};
+
+/// What the ranks of one `run_ranks` share: whether it still runs, and the order of failures.
+#[derive(Debug)]
+pub(crate) struct Ranks {
+    /// [`RUNNING`], [`INTERRUPTED`] or [`ENDED`].
+    pub(crate) state: AtomicU8,
+    /// Order of failures (the first to fail is the one raised).
+    pub(crate) seq: AtomicUsize,
+}
+
+pub(crate) const RUNNING: u8 = 0;
+pub(crate) const INTERRUPTED: u8 = 1;
+pub(crate) const ENDED: u8 = 2;
+
+/// One rank of `run_ranks`: its rank and size, a barrier, and collectives over numpy data
+/// (passed as bytes by the Python layer).
+#[pyclass(module = "pto._native")]
+#[derive(Debug)]
+pub(crate) struct Comm {
+    pub(crate) comm: pto_comm::Comm,
+    pub(crate) co: Collectives,
+    pub(crate) ranks: Arc<Ranks>,
+}
+
+fn reduce_op(op: &Bound<'_, PyAny>) -> PyResult<ReduceOp> {
+    let op = string(op, "op")?;
+    Ok(match op.as_str() {
+        "sum" => ReduceOp::Sum,
+        "max" => ReduceOp::Max,
+        "min" => ReduceOp::Min,
+        "prod" => ReduceOp::Prod,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "op: unknown reduction {}: use 'sum', 'max', 'min' or 'prod'",
+                repr(other)
+            )))
+        }
+    })
+}
+
+fn typed<T: bytemuck::Pod>(data: &[u8]) -> PyResult<Vec<T>> {
+    let chunks = data.chunks_exact(std::mem::size_of::<T>());
+    if !chunks.remainder().is_empty() {
+        return Err(PyValueError::new_err(
+            "data length is not a whole number of elements",
+        ));
+    }
+    Ok(chunks.map(bytemuck::pod_read_unaligned).collect())
+}
+
+/// Codes of what each rank passes to a collective, compared across ranks before it runs.
+fn dtype_code(d: DType) -> u64 {
+    DType::ALL
+        .iter()
+        .position(|&x| x == d)
+        .map_or(0, |p| p as u64 + 1)
+}
+
+impl Comm {
+    /// Refuses calls once `run_ranks` has returned or was interrupted.
+    fn usable(&self) -> PyResult<()> {
+        match self.ranks.state.load(Ordering::Acquire) {
+            RUNNING => Ok(()),
+            INTERRUPTED => Err(PyKeyboardInterrupt::new_err("run_ranks was interrupted")),
+            _ => Err(pto_err(
+                Kind::Comm,
+                "this Comm's run_ranks has returned: use it only inside the rank function",
+            )),
+        }
+    }
+
+    /// Every rank passes `desc` (what it gives to collective `what`); they must agree, or
+    /// every rank gets the same error naming the ranks and what each passed.
+    fn agree(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        desc: [u64; 3],
+        show: fn(&[u64]) -> String,
+    ) -> PyResult<()> {
+        let n = self.comm.size();
+        let mut all = vec![0u64; 3 * n];
+        py.detach(|| self.co.allgather(&desc, &mut all))
+            .map_err(comm_err)?;
+        if all.chunks_exact(3).all(|c| c == desc) {
+            return Ok(());
+        }
+        let each: Vec<String> = all
+            .chunks_exact(3)
+            .enumerate()
+            .map(|(r, c)| format!("rank {r}: {}", show(c)))
+            .collect();
+        Err(pto_err(
+            Kind::Comm,
+            format!(
+                "{what}: the ranks passed different arguments ({}); every rank must pass the same",
+                each.join("; ")
+            ),
+        ))
+    }
+}
+
+fn show_reduce(c: &[u64]) -> String {
+    let d = DType::ALL
+        .get((c[1] as usize).wrapping_sub(1))
+        .map_or("?".to_string(), |d| {
+            numpy_name(*d).unwrap_or("?").to_string()
+        });
+    let op = ["sum", "max", "min", "prod"]
+        .get(c[2] as usize)
+        .unwrap_or(&"?");
+    format!("{} bytes of {d}, op {op}", c[0])
+}
+
+fn show_bytes(c: &[u64]) -> String {
+    format!("{} bytes", c[0])
+}
+
+fn show_broadcast(c: &[u64]) -> String {
+    format!("{} bytes from root {}", c[0], c[1])
+}
+
+#[pymethods]
+impl Comm {
+    /// This rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// Number of ranks.
+    #[getter]
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// Waits for every rank.
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        self.usable()?;
+        py.detach(|| self.comm.barrier()).map_err(comm_err)
+    }
+
+    /// Allreduce of `data` (raw bytes of `dtype` elements) with `op`; returns the result bytes.
+    fn allreduce_bytes(
+        &self,
+        py: Python<'_>,
+        data: Vec<u8>,
+        dtype_name: &Bound<'_, PyAny>,
+        op: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u8>> {
+        self.usable()?;
+        let op = reduce_op(op)?;
+        let name = string(dtype_name, "allreduce: dtype")?;
+        let d = dtype_named(&name, "allreduce: dtype")
+            .ok()
+            .filter(|d| matches!(d, DType::F32 | DType::F64 | DType::I32 | DType::I64))
+            .ok_or_else(|| {
+                PyTypeError::new_err(format!(
+                    "allreduce supports float32, float64, int32 and int64, not {name}"
+                ))
+            })?;
+        if !data.chunks_exact(d.size()).remainder().is_empty() {
+            return Err(PyValueError::new_err(
+                "allreduce: data length is not a whole number of elements",
+            ));
+        }
+        let op_code = match op {
+            ReduceOp::Sum => 0,
+            ReduceOp::Max => 1,
+            ReduceOp::Min => 2,
+            _ => 3,
+        };
+        self.agree(
+            py,
+            "allreduce",
+            [data.len() as u64, dtype_code(d), op_code],
+            show_reduce,
+        )?;
+        macro_rules! go {
+            ($t:ty) => {{
+                let mut v: Vec<$t> = typed(&data)?;
+                py.detach(|| self.co.allreduce(&mut v, op))
+                    .map_err(comm_err)?;
+                Ok(bytemuck::cast_slice(&v).to_vec())
+            }};
+        }
+        match d {
+            DType::F32 => go!(f32),
+            DType::F64 => go!(f64),
+            DType::I32 => go!(i32),
+            _ => go!(i64),
+        }
+    }
+
+    /// Allgather of `data` (raw bytes, the same length on every rank); returns every rank's
+    /// bytes in rank order.
+    fn allgather_bytes(&self, py: Python<'_>, data: Vec<u8>) -> PyResult<Vec<u8>> {
+        self.usable()?;
+        self.agree(py, "allgather", [data.len() as u64, 0, 0], show_bytes)?;
+        let mut out = vec![0u8; data.len() * self.comm.size()];
+        py.detach(|| self.co.allgather(&data, &mut out))
+            .map_err(comm_err)?;
+        Ok(out)
+    }
+
+    /// Broadcast of `data` (raw bytes) from `root`; returns root's bytes.
+    fn broadcast_bytes(
+        &self,
+        py: Python<'_>,
+        data: Vec<u8>,
+        root: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u8>> {
+        self.usable()?;
+        let n = self.comm.size();
+        let root = usize_in(root, &format!("broadcast: root (a rank of {n})"), 0, n - 1)?;
+        self.agree(
+            py,
+            "broadcast",
+            [data.len() as u64, root as u64, 0],
+            show_broadcast,
+        )?;
+        let mut v = data;
+        py.detach(|| self.co.broadcast(&mut v, root))
+            .map_err(comm_err)?;
+        Ok(v)
+    }
+}

@@ -1,0 +1,124 @@
+//! What a Worker's children run: every built-in kernel as a single-kernel chip program, the
+//! registered chip programs (pto-examples), Python callables as sub-worker closures; and the
+//! `programs()` and `kernels()` listings.
+
+use std::collections::BTreeSet;
+
+use pto_core::{ArgMode, DType, KernelRegistry, Orch, OrchError, Scalar, TaskArgs};
+use pto_worker::{ChipCall, SubCall};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::buffer::array_of;
+use crate::errors::worker_err;
+
+/// A chip program that submits one kernel with the host task's tensors (modes kept) and
+/// scalars.
+fn kernel_program(
+    name: String,
+) -> impl Fn(&mut Orch<'_>, &ChipCall) -> Result<(), OrchError> + Send + Sync + 'static {
+    move |o, call| {
+        let mut t = TaskArgs::new();
+        for (x, m) in &call.tensors {
+            t = match m {
+                ArgMode::In => t.input(x),
+                ArgMode::InOut => t.inout(x),
+                ArgMode::NoDep => t.no_dep(x),
+                _ => t.output_existing(x),
+            };
+        }
+        for s in &call.scalars {
+            t = push_scalar(t, s)?;
+        }
+        o.submit(name.as_str(), t).map(|_| ())
+    }
+}
+
+fn push_scalar(t: TaskArgs, s: &Scalar) -> Result<TaskArgs, OrchError> {
+    let bad = || OrchError::msg(format!("unsupported scalar type {}", s.dtype()));
+    Ok(match s.dtype() {
+        DType::F64 => t.scalar(s.get::<f64>().ok_or_else(bad)?),
+        DType::F32 => t.scalar(s.get::<f32>().ok_or_else(bad)?),
+        DType::I64 => t.scalar(s.get::<i64>().ok_or_else(bad)?),
+        DType::I32 => t.scalar(s.get::<i32>().ok_or_else(bad)?),
+        DType::U64 => t.scalar(s.get::<u64>().ok_or_else(bad)?),
+        DType::U32 => t.scalar(s.get::<u32>().ok_or_else(bad)?),
+        _ => return Err(bad()),
+    })
+}
+
+/// The callable run on a sub-worker: it gets numpy arrays of the task's tensors, then its
+/// scalars, positionally. An exception fails the task with its text (traceback included).
+pub(crate) fn sub_fn(
+    f: Py<PyAny>,
+) -> impl Fn(&SubCall) -> Result<(), String> + Send + Sync + 'static {
+    move |call| {
+        Python::attach(|py| {
+            let run = || -> PyResult<()> {
+                let mut items: Vec<Bound<'_, PyAny>> = Vec::new();
+                for (t, _) in &call.tensors {
+                    items.push(array_of(py, t)?);
+                }
+                for s in &call.scalars {
+                    let v = match s.dtype() {
+                        DType::F64 | DType::F32 => s
+                            .get::<f64>()
+                            .or_else(|| s.get::<f32>().map(f64::from))
+                            .unwrap_or(f64::NAN)
+                            .into_pyobject(py)?
+                            .into_any(),
+                        _ => s.get::<i64>().unwrap_or(0).into_pyobject(py)?.into_any(),
+                    };
+                    items.push(v);
+                }
+                f.call1(py, PyTuple::new(py, items)?)?;
+                Ok(())
+            };
+            run().map_err(|e| {
+                let tb = e
+                    .traceback(py)
+                    .and_then(|t| t.format().ok())
+                    .unwrap_or_default();
+                format!("{tb}{e}")
+            })
+        })
+    }
+}
+
+/// Every built-in kernel (pto-kernels) as a single-kernel chip program, and the registered
+/// programs; their names.
+pub(crate) fn builtin_programs(
+    mut b: pto_worker::WorkerBuilder,
+) -> PyResult<(pto_worker::WorkerBuilder, BTreeSet<String>)> {
+    let reg: KernelRegistry = pto_kernels::registry().map_err(worker_err)?;
+    let names: Vec<String> = reg.iter().map(|k| k.name().to_string()).collect();
+    let mut all = BTreeSet::new();
+    for n in names {
+        b = b.program(&n, reg.clone(), kernel_program(n.clone()));
+        all.insert(n);
+    }
+    for p in pto_examples::programs::PROGRAMS {
+        b = b.program(p.name, (p.kernels)().map_err(worker_err)?, p.orch);
+        all.insert(p.name.to_string());
+    }
+    Ok((b, all))
+}
+
+/// The registered chip programs (besides every built-in kernel): `(name, about)`.
+#[pyfunction]
+pub(crate) fn programs() -> Vec<(&'static str, &'static str)> {
+    pto_examples::programs::PROGRAMS
+        .iter()
+        .map(|p| (p.name, p.about))
+        .collect()
+}
+
+/// The built-in kernels, each also a chip program of the same name.
+#[pyfunction]
+pub(crate) fn kernels() -> PyResult<Vec<String>> {
+    Ok(pto_kernels::registry()
+        .map_err(worker_err)?
+        .iter()
+        .map(|k| k.name().to_string())
+        .collect())
+}
