@@ -16,7 +16,8 @@ use crate::host::HostState;
 use crate::mailbox::Ident;
 use crate::spec::Spec;
 
-/// The host orchestration API: submit chip programs, groups and sub-worker closures.
+/// The host orchestration API: submit chip programs, groups of chips, sub-worker closures and
+/// child-Worker closures.
 pub struct HostOrch<'o, 'a> {
     orch: &'o mut Orch<'a>,
     spec: &'o Spec,
