@@ -48,6 +48,18 @@ pub enum CommError {
         /// What is wrong.
         why: String,
     },
+    /// An access past the end of a named buffer.
+    #[error("{len} bytes at offset {offset} of buffer {name:?} do not fit its {bytes} bytes")]
+    OutsideBuffer {
+        /// The buffer.
+        name: String,
+        /// Offset in the buffer.
+        offset: u64,
+        /// Length.
+        len: u64,
+        /// The buffer's size.
+        bytes: usize,
+    },
     /// An access past the end of a window.
     #[error(
         "{op} of {len} bytes at offset {offset} on rank {rank} is outside the {size}-byte window"

@@ -66,6 +66,7 @@ pub use args::{ArgMode, OutInit, Scalar, TaskArgs, TaskId};
 pub use buffer::{AllocError, Buffer, BufferAllocator, ExternalMemory, BUFFER_ALIGN};
 pub use chip::{
     Chip, ChipBuilder, ChipConfig, Orch, OrchFn, Program, RunOptions, RunReport, Submitted,
+    ThreadMain,
 };
 pub use deferred::{
     CompletionSender, CompletionToken, Condition, Counter, FnCondition, Poll, QueueHost,
@@ -81,4 +82,4 @@ pub use pto_shm::ring::{Completion, CompletionQueue, HeapQueue, QueueFull};
 pub use pto_shm::Fault;
 pub use tensor::{intersects, overlap, Overlap, Region, Tensor, TensorError, MAX_DIMS};
 pub use trace::{Trace, TraceEvent};
-pub use view::{TensorMut, TensorRef};
+pub use view::{RawView, TensorMut, TensorRef};

@@ -400,6 +400,92 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// Copies `data` (the view's raw bytes, in logical order) in.
+    ///
+    /// # Errors
+    ///
+    /// A length other than [`Tensor::nbytes`], a busy region, or a reclaimed runtime output.
+    pub fn write_bytes(&self, data: &[u8]) -> Result<(), TensorError> {
+        let sz = self.dtype().size();
+        if data.len() != self.nbytes() {
+            return Err(TensorError::LengthMismatch {
+                expected: self.numel(),
+                actual: data.len() / sz.max(1),
+            });
+        }
+        let mut set = BorrowSet::new();
+        set.add(&self.buffer, &self.region, true)
+            .map_err(|_| busy(self))?;
+        self.check_live()?;
+        let base = self.buffer.base_ptr();
+        let mut chunks = data.chunks_exact(sz);
+        for_each_offset(&self.region, |o| {
+            if let Some(c) = chunks.next() {
+                let at = (self.region.offset + o) * sz;
+                // SAFETY: we hold an exclusive borrow of the region; the element's `sz` bytes
+                // lie inside it, and `c` is `sz` bytes of caller memory (no overlap: the
+                // caller's slice cannot alias a region we borrow exclusively).
+                unsafe { std::ptr::copy_nonoverlapping(c.as_ptr(), base.add(at), sz) };
+            }
+        });
+        Ok(())
+    }
+}
+
+/// An untyped view of a kernel's tensor argument, for kernels written in another language
+/// (C plugins, Python): the address of its first element, its geometry, and whether the task
+/// may write it. The argument stays borrowed (as with [`TensorRef`] / [`TensorMut`]) while the
+/// view lives; the pointers are only valid that long.
+pub struct RawView<'a> {
+    ptr: *mut u8,
+    region: Region,
+    writable: bool,
+    _guard: FlagGuard<'a>,
+}
+
+impl fmt::Debug for RawView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RawView({:?}, writable: {})", self.region, self.writable)
+    }
+}
+
+impl RawView<'_> {
+    /// The first element's address (dereferencing it is the foreign kernel's business: it may
+    /// read `len()` elements at the strides given, and write them when [`RawView::writable`]).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    /// True when the task may write the argument.
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+    /// The element type.
+    pub fn dtype(&self) -> crate::DType {
+        self.region.dtype
+    }
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        self.region.shape()
+    }
+    /// Element strides.
+    pub fn strides(&self) -> &[usize] {
+        self.region.strides()
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.region.numel()
+    }
+    /// True when the view has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.region.numel() == 0
+    }
+    /// True when the view is row-major without gaps.
+    pub fn is_contiguous(&self) -> bool {
+        self.region.is_contiguous()
+    }
+}
+
 /// Zeroes the bytes of `t`'s elements. The caller holds a write borrow of its region (the
 /// dispatcher calls this for a task's `output_zeroed` arguments right after registering them).
 pub(crate) fn zero_fill(t: &Tensor) {
@@ -415,6 +501,51 @@ pub(crate) fn zero_fill(t: &Tensor) {
         // SAFETY: each element lies inside the borrowed region.
         unsafe { std::ptr::write_bytes(base.add((t.region.offset + o) * sz), 0, sz) }
     });
+}
+
+impl KernelCtx<'_> {
+    /// Tensor argument `index` as an untyped view (for foreign kernels): writable when its mode
+    /// allows writing, else read-only; the whole tensor, or with `chunk` this block's rows of
+    /// dimension 0 (an SPMD task's blocks must take chunks of what they write).
+    ///
+    /// # Errors
+    ///
+    /// As [`KernelCtx::input`] / [`KernelCtx::output`], without the dtype check.
+    pub fn raw_view(&self, index: usize, chunk: bool) -> Result<RawView<'_>, KernelError> {
+        let (t, mode) = self.arg(index)?;
+        let write = mode.writable();
+        if !chunk && write && self.payload.block_num > 1 {
+            return Err(KernelError::SpmdShared {
+                index,
+                blocks: self.payload.block_num,
+            });
+        }
+        let region = if chunk {
+            self.chunk_region(t)
+        } else {
+            *t.region()
+        };
+        if *mode == ArgMode::NoDep {
+            t.buffer()
+                .try_borrow(self.token, &region, true)
+                .map_err(|_| KernelError::DataRace {
+                    index,
+                    buffer: t.buffer().id(),
+                })?;
+        }
+        let guard = FlagGuard::take(&self.flags[index], write)
+            .ok_or(KernelError::AlreadyBorrowed { index })?;
+        // SAFETY: as in `read_view` / `write_view`: the dispatcher holds a borrow of every
+        // argument's region (in its mode) until the kernel returns, and `region` fits the
+        // buffer, so the offset is in bounds of the allocation.
+        let ptr = unsafe { t.buffer.base_ptr().add(region.offset * region.dtype.size()) };
+        Ok(RawView {
+            ptr,
+            region,
+            writable: write,
+            _guard: guard,
+        })
+    }
 }
 
 impl KernelCtx<'_> {

@@ -17,6 +17,7 @@
 //! | [`reduce_sum`] | AIV | t0 in, t1 out (1 element): `t1 = sum(t0)` | |
 //! | [`matmul`] | AIC | t0 in `[M,K]`, t1 in `[K,N]`, t2 out `[M,N]`: `t2 = t0 @ t1` | |
 //! | [`matmul_acc`] | AIC | as `matmul`, t2 INOUT: `t2 += t0 @ t1` | |
+//! | [`noop`] | AIV | none (any are ignored): does nothing (benchmarks, ordering points) | |
 //!
 //! "out" means any writable mode (OUT, OUTPUT_EXISTING, INOUT, NO_DEP). Elementwise kernels need
 //! equal shapes and dtypes (no broadcasting) and support f32, f64, f16, bf16 and the 8- to 64-bit
@@ -64,6 +65,15 @@ pub use vector::{
     vector_sub,
 };
 
+/// Does nothing: the cost of a task itself (benchmarks), or an ordering point.
+///
+/// # Errors
+///
+/// None.
+pub fn noop(_: &KernelCtx<'_>) -> Result<(), KernelError> {
+    Ok(())
+}
+
 /// A kernel body as this crate defines them.
 pub type KernelBody = fn(&KernelCtx<'_>) -> Result<(), KernelError>;
 
@@ -80,6 +90,7 @@ pub const KERNELS: &[(&str, CoreKind, KernelBody)] = &[
     ("relu", CoreKind::Aiv, relu),
     ("matmul", CoreKind::Aic, matmul),
     ("matmul_acc", CoreKind::Aic, matmul_acc),
+    ("noop", CoreKind::Aiv, noop),
 ];
 
 /// The names [`register_all`] registers, in registration order.
@@ -95,6 +106,7 @@ pub const NAMES: &[&str] = &[
     "relu",
     "matmul",
     "matmul_acc",
+    "noop",
 ];
 
 /// Registers every built-in kernel under its name in [`NAMES`].

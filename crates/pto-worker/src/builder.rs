@@ -49,6 +49,8 @@ impl WorkerBuilder {
                 programs: Vec::new(),
                 subs_fns: Vec::new(),
                 boot_hook: None,
+                chip_main: None,
+                thread_main: None,
                 timeout: Duration::ZERO,
                 workers: Vec::new(),
                 worker_fns: Vec::new(),
@@ -175,6 +177,26 @@ impl WorkerBuilder {
         F: Fn(usize) -> Result<(), String> + Send + Sync + 'static,
     {
         self.spec.boot_hook = Some(Arc::new(f));
+        self
+    }
+
+    /// Runs each chip child's life inside `f`: `f` gets the child's main function (which never
+    /// returns) and must call it. For embedders: the Python package releases the interpreter's
+    /// lock there, so that the chip's core threads may call Python kernels.
+    pub fn chip_main<F>(mut self, f: F) -> Self
+    where
+        F: Fn(Box<dyn FnOnce() + Send + '_>) + Send + Sync + 'static,
+    {
+        self.spec.chip_main = Some(Arc::new(f));
+        self
+    }
+
+    /// Runs each of every chip's threads inside `f` (see [`pto_core::ChipBuilder::thread_main`]).
+    pub fn chip_thread_main<F>(mut self, f: F) -> Self
+    where
+        F: Fn(Box<dyn FnOnce() + Send>) + Send + Sync + 'static,
+    {
+        self.spec.thread_main = Some(Arc::new(f));
         self
     }
 

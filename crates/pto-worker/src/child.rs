@@ -281,6 +281,9 @@ fn bring_up(
     if let Some(c) = &ctx {
         b = b.extension(Arc::new(c.clone()));
     }
+    if let Some(t) = &spec.thread_main {
+        b = b.thread_main(t.clone());
+    }
     let chip = b.build().map_err(|e| e.to_string())?;
     Ok((
         ChipState {

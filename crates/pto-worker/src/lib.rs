@@ -93,7 +93,7 @@ pub use failure::{signal_name, ChildExit, ChildFailure, FailKind, RunFailure};
 pub use mailbox::BootFacts as ChipFacts;
 pub use orch::HostOrch;
 pub use pto_shm::Fault;
-pub use spec::{ChipCall, ChipFn, SubCall, SubFn};
+pub use spec::{ChipCall, ChipFn, ChipMain, SubCall, SubFn};
 
 /// A closure run on a child Worker (L4): it gets the child's own Worker.
 pub type WorkerFn = dyn Fn(&Worker, &SubCall) -> Result<(), String> + Send + Sync;

@@ -60,6 +60,10 @@ pub type ChipFn = dyn Fn(&mut Orch<'_>, &ChipCall) -> Result<(), OrchError> + Se
 pub type SubFn = dyn Fn(&SubCall) -> Result<(), String> + Send + Sync;
 /// A hook each chip runs during bring-up, with its rank.
 pub(crate) type BootHook = dyn Fn(usize) -> Result<(), String> + Send + Sync;
+/// Runs a chip child's whole life (the function it is given, which never returns) inside
+/// something of the embedder's: the Python package releases the interpreter's lock there, so
+/// that the chip's threads can run Python kernels.
+pub type ChipMain = dyn Fn(Box<dyn FnOnce() + Send + '_>) + Send + Sync;
 
 /// A child Worker (L4) as the process that runs it holds it: the `Worker` its factory built,
 /// erased (see the module docs).
@@ -81,6 +85,8 @@ pub(crate) struct Spec {
     pub(crate) programs: Vec<(String, Arc<KernelRegistry>, Arc<ChipFn>)>,
     pub(crate) subs_fns: Vec<(String, Arc<SubFn>)>,
     pub(crate) boot_hook: Option<Arc<BootHook>>,
+    pub(crate) chip_main: Option<Arc<ChipMain>>,
+    pub(crate) thread_main: Option<Arc<pto_core::ThreadMain>>,
     pub(crate) timeout: Duration,
     /// Child Workers (L4): how to build each.
     pub(crate) workers: Vec<Arc<NestedInit>>,

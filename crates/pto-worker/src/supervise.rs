@@ -70,7 +70,18 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
         #[allow(unsafe_code)]
         let forked = unsafe { pto_shm::process::fork() };
         match forked {
-            Ok(Forked::Child) => child::child_main(spec, world.as_ref(), &mb, role, parent),
+            Ok(Forked::Child) => match (&spec.chip_main, role) {
+                (Some(wrap), child::Role::Chip(_)) => {
+                    let w = world.as_ref();
+                    let mb = &mb;
+                    wrap(Box::new(move || {
+                        child::child_main(spec, w, mb, role, parent)
+                    }));
+                    // `child_main` never returns; a wrapper that did not call it ends here.
+                    pto_shm::process::exit_now(3)
+                }
+                _ => child::child_main(spec, world.as_ref(), &mb, role, parent),
+            },
             Ok(Forked::Parent(pid)) => {
                 let who = match role {
                     child::Role::Chip(c) => format!("chip {c}"),

@@ -246,6 +246,26 @@ impl Window {
             })
     }
 
+    /// The window offset of `len` bytes at `offset` in buffer `name` (as the same buffer on any
+    /// rank), checked to lie inside the buffer.
+    ///
+    /// # Errors
+    ///
+    /// [`CommError::BadBuffer`] when there is no such buffer, [`CommError::OutsideBuffer`]
+    /// when the range does not fit it.
+    pub fn buffer_range(&self, name: &str, offset: u64, len: u64) -> Result<usize, CommError> {
+        let b = self.buffer(name)?;
+        if offset.checked_add(len).is_none_or(|e| e > b.bytes as u64) {
+            return Err(CommError::OutsideBuffer {
+                name: name.to_string(),
+                offset,
+                len,
+                bytes: b.bytes,
+            });
+        }
+        Ok(b.offset + offset as usize)
+    }
+
     /// A remote reference, checked against the window.
     ///
     /// # Errors

@@ -121,7 +121,12 @@ pub struct ChipBuilder {
     ext: Option<Arc<dyn Any + Send + Sync>>,
     queue: Option<Arc<dyn QueueHost>>,
     alloc: Option<Arc<crate::buffer::BufferAllocator>>,
+    thread_main: Option<Arc<ThreadMain>>,
 }
+
+/// Runs a chip thread's whole life (the function it is given) inside something of the
+/// embedder's; see [`ChipBuilder::thread_main`].
+pub type ThreadMain = dyn Fn(Box<dyn FnOnce() + Send>) + Send + Sync;
 
 impl fmt::Debug for ChipBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -200,6 +205,15 @@ impl ChipBuilder {
         self
     }
 
+    /// Runs each of the chip's threads inside `f`: `f` gets the thread's main function and
+    /// must call it. For embedders that keep per-thread state for the thread's life (the
+    /// Python package attaches each thread to the interpreter once, so that Python kernels do
+    /// not set up and tear down a thread state per call).
+    pub fn thread_main(mut self, f: Arc<ThreadMain>) -> Self {
+        self.thread_main = Some(f);
+        self
+    }
+
     /// Starts the chip's threads.
     ///
     /// # Errors
@@ -262,9 +276,13 @@ impl ChipBuilder {
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
             let e = engine.clone();
+            let wrap = self.thread_main.clone();
             let h = std::thread::Builder::new()
                 .name(format!("pto-chip{}-{i}", cfg.chip_id))
-                .spawn(move || worker::main(&e, i))
+                .spawn(move || match wrap {
+                    Some(w) => w(Box::new(move || worker::main(&e, i))),
+                    None => worker::main(&e, i),
+                })
                 .map_err(|e| RunError::Config(format!("cannot start a chip thread: {e}")))?;
             handles.push(h);
         }

@@ -257,6 +257,27 @@ impl<'a> Orch<'a> {
         Ok(t.write(data)?)
     }
 
+    /// Waits for the producers of `t`, then copies its raw bytes out (in logical order).
+    ///
+    /// # Errors
+    ///
+    /// As [`Orch::read`], without the dtype check.
+    pub fn read_bytes(&mut self, t: &Tensor) -> Result<Vec<u8>, OrchError> {
+        self.wait_producers(t, false)?;
+        Ok(t.read_bytes()?)
+    }
+
+    /// Waits for every task reading or writing `t`, then copies `data` (its raw bytes, in
+    /// logical order) in.
+    ///
+    /// # Errors
+    ///
+    /// As [`Orch::write`]; `data` must be exactly [`Tensor::nbytes`] long.
+    pub fn write_bytes(&mut self, t: &Tensor, data: &[u8]) -> Result<(), OrchError> {
+        self.wait_producers(t, true)?;
+        Ok(t.write_bytes(data)?)
+    }
+
     /// Logical AIC and AIV cores of this chip (to size SPMD work).
     pub fn core_counts(&self) -> (u32, u32) {
         let c = &self.engine.cores;
