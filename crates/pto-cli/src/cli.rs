@@ -29,10 +29,15 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run an example and check it against its golden (exit 0 only on a match).
+    /// Run an example and check it against its golden (exit 0 only on a match), or a C
+    /// plugin's program (--plugin; exit 0 only when every rank's program finished without a
+    /// failed task).
     Run(RunArgs),
-    /// List the examples.
-    List,
+    /// List the examples, or a C plugin's programs, kernels and buffers (--plugin).
+    List(ListArgs),
+    /// Print the folder that holds pto.h, the C header of plugins
+    /// (cc -shared -fPIC -I"$(pto include-dir)" mine.c -o libmine.so).
+    IncludeDir,
     /// Run a benchmark.
     Bench(BenchArgs),
     /// Print the PTO_* environment variables pto reads, with their values and ranges.
@@ -45,6 +50,13 @@ pub enum Command {
         /// The job.
         job: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// A C plugin (a shared library built against pto.h): list what it registers.
+    #[arg(long)]
+    pub plugin: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -80,8 +92,12 @@ impl BackendArg {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The example (see `pto list`).
+    /// The example (see `pto list`), or with --plugin the plugin's program.
     pub example: String,
+    /// Load this C plugin (a shared library built against pto.h, see `pto include-dir`) and
+    /// run its program EXAMPLE on every rank.
+    #[arg(long)]
+    pub plugin: Option<PathBuf>,
     /// Ranks (chips) for a distributed example, 1 to 1024 (default 1; under mpirun, the job's
     /// size).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=pto_comm::MAX_RANKS as u64).map(|v| v as usize))]
@@ -130,6 +146,9 @@ pub struct BenchArgs {
     /// run as the baseline.
     #[arg(long)]
     pub omp_anchor: Option<PathBuf>,
+    /// The C plugin for `plugin` (built from examples/plugin/empty.c).
+    #[arg(long)]
+    pub plugin: Option<PathBuf>,
     /// Print JSON lines instead of text.
     #[arg(long)]
     pub json: bool,
@@ -147,4 +166,6 @@ pub enum BenchKind {
     Deferred,
     /// The host Worker: init with 4 chips, and the round trip of an empty chip task.
     Worker,
+    /// A C plugin's kernel task beside a built-in one's (--plugin, see examples/plugin/empty.c).
+    Plugin,
 }

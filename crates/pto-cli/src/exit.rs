@@ -59,6 +59,9 @@ pub fn code_of(e: &anyhow::Error) -> u8 {
         if let Some(x) = cause.downcast_ref::<pto_examples::ExampleError>() {
             return of_fault(x.fault());
         }
+        if let Some(x) = cause.downcast_ref::<pto_plugin::PluginError>() {
+            return of_fault(x.fault());
+        }
         if let Some(x) = cause.downcast_ref::<pto_comm::CommError>() {
             return of_fault(x.fault());
         }

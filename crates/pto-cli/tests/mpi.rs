@@ -245,3 +245,53 @@ fn sigint_ends_mpirun_and_every_rank() {
         "ranks still run 2 s after SIGINT: {left:?}"
     );
 }
+
+#[path = "common/mod.rs"]
+mod common;
+
+#[test]
+fn a_c_plugins_ring_program_on_1_to_8_mpi_ranks() {
+    let p = common::build_plugin("examples/plugin/ring.c", &[]);
+    let path = p.path.display().to_string();
+    for (windows, ranks) in [("shared", &["1", "2", "4", "8"][..]), ("rma", &["2", "4"][..])] {
+        for &n in ranks {
+            for program in ["ring", "ring_blocking"] {
+                let (code, out, err) = pto(
+                    &[
+                        "run",
+                        "--plugin",
+                        &path,
+                        program,
+                        "--backend",
+                        "mpi",
+                        "--ranks",
+                        n,
+                        "--json",
+                    ],
+                    windows,
+                );
+                assert_eq!(code, 0, "{program} on {n} ({windows}): {out}\n{err}");
+                let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+                assert_eq!(v["passed"], true, "{out}");
+            }
+        }
+    }
+    // A failing kernel fails the job, named by rank 0's report.
+    let f = common::build_plugin("crates/pto-cli/tests/plugins/cases.c", &[]);
+    let fpath = f.path.display().to_string();
+    let (code, out, err) = pto(
+        &[
+            "run",
+            "--plugin",
+            &fpath,
+            "fail",
+            "--backend",
+            "mpi",
+            "--ranks",
+            "2",
+        ],
+        "shared",
+    );
+    assert_eq!(code, 3, "{out}\n{err}");
+    assert!(out.contains("boom: value 42 is wrong"), "{out}\n{err}");
+}

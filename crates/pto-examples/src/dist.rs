@@ -31,7 +31,7 @@ type RankResult = Result<RankOutcome, (Cause, String)>;
 
 /// Every rank's verdict in one outcome. The detail leads with the root cause: the first rank
 /// that failed on its own (else the first that failed at all), then the first mismatch.
-fn gather(ex: &Example, n: usize, outcomes: Vec<RankResult>, wall: Duration) -> Outcome {
+fn gather(name: &str, n: usize, outcomes: Vec<RankResult>, wall: Duration) -> Outcome {
     let mut tasks = 0;
     let mut events = Vec::new();
     let mut ranks = Vec::with_capacity(n);
@@ -68,7 +68,7 @@ fn gather(ex: &Example, n: usize, outcomes: Vec<RankResult>, wall: Duration) -> 
     let passed = ranks.len() == n && lead.is_none();
     let detail = match lead {
         Some(r) => format!("rank {}: {}", r.rank, r.detail),
-        None if ranks.len() == n => format!("all {n} ranks match the golden of {}", ex.name),
+        None if ranks.len() == n => format!("all {n} ranks match the golden of {name}"),
         None => format!("{} of {n} ranks reported", ranks.len()),
     };
     Outcome {
@@ -102,15 +102,26 @@ pub fn run_local(
     args: &RunArgs,
     n: usize,
 ) -> Result<Outcome, ExampleError> {
+    run_local_with(ex.name, &|comm: &Comm| body(comm, args), n)
+}
+
+/// Runs `body` as every rank of `n` threads and gathers their verdicts under `name`.
+///
+/// # Errors
+///
+/// A bad rank count.
+pub fn run_local_with(
+    name: &str,
+    body: &(dyn Fn(&Comm) -> Result<RankOutcome, ExampleError> + Sync),
+    n: usize,
+) -> Result<Outcome, ExampleError> {
     let t = Instant::now();
-    let results = pto_comm::local::run(n, |comm| {
-        body(&comm, args).map_err(|e| rank_error(&comm, &e))
-    })?;
+    let results = pto_comm::local::run(n, |comm| body(&comm).map_err(|e| rank_error(&comm, &e)))?;
     let outcomes = results
         .into_iter()
         .map(|r| r.map_err(|panic| (Cause::Own, panic)).and_then(|x| x))
         .collect();
-    Ok(gather(ex, n, outcomes, t.elapsed()))
+    Ok(gather(name, n, outcomes, t.elapsed()))
 }
 
 /// Runs `ex` on `n` ranks: on processes (`shm`) through the host Worker, on threads (`local`)
@@ -170,8 +181,27 @@ pub fn run_on(ex: &Example, comm: &Comm, args: &RunArgs) -> Result<Outcome, Exam
             ex.name
         )));
     };
+    run_on_with(ex.name, |c| body(c, args), comm, args.trace)
+}
+
+/// Runs `body` as this rank of `comm`, then exchanges every rank's verdict as [`run_on`]
+/// does, under `name`; with `trace`, every rank's trace events too.
+///
+/// # Collective
+///
+/// Every rank of `comm` calls it.
+///
+/// # Errors
+///
+/// A communication error in the exchange.
+pub fn run_on_with(
+    name: &str,
+    body: impl FnOnce(&Comm) -> Result<RankOutcome, ExampleError>,
+    comm: &Comm,
+    trace: bool,
+) -> Result<Outcome, ExampleError> {
     let t = Instant::now();
-    let mine = body(comm, args);
+    let mine = body(comm);
     let wall = t.elapsed();
     // One fixed-size record per rank: state (0 mismatch, 1 passed, 2 failed, 3 failed because
     // of another rank, 4 a wait ran out), tasks, detail length, detail.
@@ -217,8 +247,8 @@ pub fn run_on(ex: &Example, comm: &Comm, args: &RunArgs) -> Result<Outcome, Exam
             }
         })
         .collect();
-    let mut out = gather(ex, comm.size(), outcomes, wall);
-    if args.trace {
+    let mut out = gather(name, comm.size(), outcomes, wall);
+    if trace {
         let events = mine.map(|o| o.events).unwrap_or_default();
         out.events = gather_events(&co, comm.size(), events)?;
     }

@@ -24,6 +24,7 @@ mod chip;
 mod collectives;
 pub mod dist;
 mod notify;
+pub mod plugin;
 pub mod programs;
 mod worker_examples;
 
@@ -51,6 +52,9 @@ pub enum ExampleError {
     /// failure, the root cause first.
     #[error(transparent)]
     Worker(#[from] pto_worker::WorkerError),
+    /// A C plugin could not be loaded or its program failed.
+    #[error(transparent)]
+    Plugin(#[from] pto_plugin::PluginError),
     /// An argument the example does not accept.
     #[error("{0}")]
     Args(String),
@@ -64,6 +68,7 @@ impl ExampleError {
             ExampleError::Run(e) => e.fault(),
             ExampleError::Comm(e) => e.fault(),
             ExampleError::Worker(e) => e.fault(),
+            ExampleError::Plugin(e) => e.fault(),
             ExampleError::Args(_) | ExampleError::Registry(_) => Fault::Usage,
             ExampleError::Tensor(_) | ExampleError::Orch(_) => Fault::Runtime,
         }

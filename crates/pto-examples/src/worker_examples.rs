@@ -111,7 +111,7 @@ pub(crate) fn multi_chip_dispatch(args: &RunArgs, chips: usize) -> Result<Outcom
 }
 
 /// A Worker builder with what every example's Worker gets: the caller's child-exit hook.
-fn worker(args: &RunArgs) -> pto_worker::WorkerBuilder {
+pub(crate) fn worker(args: &RunArgs) -> pto_worker::WorkerBuilder {
     let b = Worker::builder();
     match &args.on_child_exit {
         Some(h) => {

@@ -8,6 +8,7 @@
 //! * [`kernels`] (`pto-kernels`): the built-in kernels;
 //! * [`comm`] (`pto-comm`): symmetric windows, signals, barriers and domains across ranks;
 //! * [`worker`] (`pto-worker`): the host Worker (one process per chip);
+//! * [`plugin`] (`pto-plugin`): kernels and programs from C plugins (`include/pto.h`);
 //! * [`config`]: the one list of `PTO_*` environment variables.
 //!
 //! ## A first program
@@ -56,6 +57,7 @@ pub use pto_core as core;
 pub use pto_core::config;
 pub use pto_core::{Fault, RunError};
 pub use pto_kernels as kernels;
+pub use pto_plugin as plugin;
 pub use pto_worker as worker;
 
 /// The names most programs need.

@@ -6,6 +6,7 @@ mod comm_bench;
 mod deferred_bench;
 #[cfg(feature = "mpi")]
 mod mpi_launch;
+mod plugin_bench;
 mod run;
 mod worker_bench;
 
@@ -16,10 +17,41 @@ use crate::cli::{Cli, Command};
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(a) => run::run(&a),
-        Command::List => {
-            for e in pto_examples::EXAMPLES {
-                println!("{:<24} {}", e.name, e.about);
+        Command::List(a) => {
+            match &a.plugin {
+                None => {
+                    for e in pto_examples::EXAMPLES {
+                        println!("{:<24} {}", e.name, e.about);
+                    }
+                }
+                Some(path) => {
+                    let p = pto_plugin::Plugin::load(path)?;
+                    println!(
+                        "plugin {} (ABI version {})",
+                        p.path(),
+                        pto_plugin::ABI_VERSION
+                    );
+                    for name in p.programs() {
+                        println!("program {name}");
+                    }
+                    for (name, kind) in p.kernels() {
+                        println!("kernel  {name:<24} {kind}");
+                    }
+                    for b in p.buffers() {
+                        println!(
+                            "buffer  {:<24} {} x {} ({} bytes)",
+                            b.name, b.count, b.dtype, b.bytes
+                        );
+                    }
+                }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::IncludeDir => {
+            let dir = pto_plugin::include_dir().map_err(|e| {
+                crate::exit::Environment(format!("writing pto.h to a cache folder: {e}"))
+            })?;
+            println!("{}", dir.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(a) => bench::bench(&a),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use pto_comm::Backend;
-use pto_examples::{Example, ExitHook, Outcome, RankState};
+use pto_examples::{ExitHook, Outcome, RankState};
 use pto_worker::{ChildExit, ChildFailure, FailKind, RunFailure, WorkerError};
 use serde_json::{json, Value};
 
@@ -40,6 +40,9 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn execute(a: &RunArgs, rep: &Reporter) -> anyhow::Result<Flow> {
+    if let Some(path) = &a.plugin {
+        return execute_plugin(a, rep, path);
+    }
     let Some(ex) = pto_examples::find(&a.example) else {
         let names: Vec<&str> = pto_examples::EXAMPLES.iter().map(|e| e.name).collect();
         return Err(Usage(format!(
@@ -50,6 +53,66 @@ fn execute(a: &RunArgs, rep: &Reporter) -> anyhow::Result<Flow> {
         .into());
     };
     pto::config::check_all()?;
+    let args = run_args(a)?;
+    if args.backend == Backend::Mpi {
+        return mpi::run(
+            a,
+            |n| ex.check_args(&args, n),
+            |comm| pto_examples::dist::run_on(ex, comm, &args),
+        );
+    }
+    ex.check_args(&args, rep.ranks)
+        .map_err(|e| Usage(e.to_string()))?;
+    let args = prepare_local(rep, args);
+    let o = with_progress(a, rep, &a.example, || {
+        pto_examples::dist::run(ex, &args, rep.ranks)
+    })?;
+    if let Some(path) = &a.trace {
+        write_trace(path, &o)?;
+    }
+    Ok(Flow::Report(o))
+}
+
+/// `pto run --plugin LIB PROGRAM`: loads the plugin and runs its program on every rank.
+fn execute_plugin(a: &RunArgs, rep: &Reporter, path: &std::path::Path) -> anyhow::Result<Flow> {
+    pto::config::check_all()?;
+    let plugin = pto_plugin::Plugin::load(path)?;
+    if !plugin.has_program(&a.example) {
+        let names: Vec<&str> = plugin.programs().collect();
+        return Err(Usage(format!(
+            "plugin {} has no program {:?}; its programs are: {}",
+            plugin.path(),
+            a.example,
+            if names.is_empty() {
+                "(none)".to_string()
+            } else {
+                names.join(", ")
+            }
+        ))
+        .into());
+    }
+    let args = run_args(a)?;
+    if args.backend == Backend::Mpi {
+        let (p, name) = (&plugin, a.example.as_str());
+        return mpi::run(
+            a,
+            |_| Ok(()),
+            |comm| pto_examples::plugin::run_on(p, name, comm, &args),
+        );
+    }
+    let args = prepare_local(rep, args);
+    let o = with_progress(a, rep, &a.example, || {
+        pto_examples::plugin::run(&plugin, &a.example, &args, rep.ranks)
+    })?;
+    if let Some(path) = &a.trace {
+        write_trace(path, &o)?;
+    }
+    Ok(Flow::Report(o))
+}
+
+/// The run's options from the command line, after refusing a non-MPI backend under an MPI
+/// launcher.
+fn run_args(a: &RunArgs) -> anyhow::Result<pto_examples::RunArgs> {
     let backend = a.backend.backend();
     if backend != Backend::Mpi {
         if let Some((var, value)) = pto_comm::mpi_launcher() {
@@ -62,18 +125,18 @@ fn execute(a: &RunArgs, rep: &Reporter) -> anyhow::Result<Flow> {
             .into());
         }
     }
-    let args = pto_examples::RunArgs {
+    Ok(pto_examples::RunArgs {
         size: a.size,
         trace: a.trace.is_some(),
         cores: (a.aic, a.aiv),
         backend,
         on_child_exit: None,
-    };
-    if backend == Backend::Mpi {
-        return mpi::run(ex, a, &args);
-    }
-    ex.check_args(&args, rep.ranks)
-        .map_err(|e| Usage(e.to_string()))?;
+    })
+}
+
+/// Before a run on this host: signals end every chip and remove every segment, stale segments
+/// go, and a chip that dies while no run is in progress ends the command with the report.
+fn prepare_local(rep: &Reporter, args: pto_examples::RunArgs) -> pto_examples::RunArgs {
     // A signal now ends every chip and removes every segment (exit 128 + signal).
     pto_shm::cleanup::install();
     // What a run killed with SIGKILL left behind (its creator is dead) goes now.
@@ -86,31 +149,28 @@ fn execute(a: &RunArgs, rep: &Reporter) -> anyhow::Result<Flow> {
             "removed segments left by runs that died"
         );
     }
-    // A chip that dies while no run is in progress (the host preparing inputs) ends the
-    // command at once, with the report.
     let hook_rep = rep.clone();
-    let args = pto_examples::RunArgs {
+    pto_examples::RunArgs {
         on_child_exit: Some(ExitHook(Arc::new(move |f: &ChildFailure| {
             let code = hook_rep.child_death(f);
             pto_shm::cleanup::terminate(i32::from(code))
         }))),
         ..args
-    };
-    // Progress on a terminal only: quiet when output goes to a file or a pipe.
+    }
+}
+
+/// Runs `f` with a progress line on a terminal (quiet when output goes to a file or a pipe).
+fn with_progress<T>(a: &RunArgs, rep: &Reporter, name: &str, f: impl FnOnce() -> T) -> T {
     use std::io::IsTerminal;
     let tty = std::io::stderr().is_terminal() && !a.json;
     if tty {
-        eprint!("running {} on {} rank(s)...", ex.name, rep.ranks);
+        eprint!("running {name} on {} rank(s)...", rep.ranks);
     }
-    let result = pto_examples::dist::run(ex, &args, rep.ranks);
+    let r = f();
     if tty {
         eprint!("\r\x1b[2K");
     }
-    let o = result?;
-    if let Some(path) = &a.trace {
-        write_trace(path, &o)?;
-    }
-    Ok(Flow::Report(o))
+    r
 }
 
 /// Writes every chip's trace events as one Chrome trace.
@@ -322,7 +382,11 @@ impl Reporter {
 mod mpi {
     use super::*;
 
-    pub fn run(_: &Example, _: &RunArgs, _: &pto_examples::RunArgs) -> anyhow::Result<Flow> {
+    pub fn run(
+        _: &RunArgs,
+        _: impl Fn(usize) -> Result<(), pto_examples::ExampleError>,
+        _: impl FnOnce(&pto_comm::Comm) -> Result<Outcome, pto_examples::ExampleError>,
+    ) -> anyhow::Result<Flow> {
         Err(crate::exit::no_mpi())
     }
 }
@@ -331,12 +395,16 @@ mod mpi {
 mod mpi {
     use super::*;
 
-    /// Under `mpirun`, this process is one rank: run its part, exchange the verdicts, and
-    /// report on rank 0. Outside `mpirun`, start `mpirun -n <ranks>` on this same command.
-    pub fn run(ex: &Example, a: &RunArgs, args: &pto_examples::RunArgs) -> anyhow::Result<Flow> {
+    /// Under `mpirun`, this process is one rank: `check` the job's size, run `body` (its part,
+    /// with the verdicts exchanged), and report on rank 0. Outside `mpirun`, start
+    /// `mpirun -n <ranks>` on this same command.
+    pub fn run(
+        a: &RunArgs,
+        check: impl Fn(usize) -> Result<(), pto_examples::ExampleError>,
+        body: impl FnOnce(&pto_comm::Comm) -> Result<Outcome, pto_examples::ExampleError>,
+    ) -> anyhow::Result<Flow> {
         if !pto_comm::mpi::detected() {
-            ex.check_args(args, a.ranks.unwrap_or(1))
-                .map_err(|e| Usage(e.to_string()))?;
+            check(a.ranks.unwrap_or(1)).map_err(|e| Usage(e.to_string()))?;
             return crate::command::mpi_launch::relaunch(a.ranks.unwrap_or(1)).map(Flow::Exit);
         }
         let comm = pto_comm::mpi::init().context("starting MPI")?;
@@ -348,9 +416,8 @@ mod mpi {
             ))
             .into());
         }
-        ex.check_args(args, comm.size())
-            .map_err(|e| Usage(e.to_string()))?;
-        let result = pto_examples::dist::run_on(ex, &comm, args);
+        check(comm.size()).map_err(|e| Usage(e.to_string()))?;
+        let result = body(&comm);
         if comm.rank() == 0 {
             let o = result?;
             if let Some(path) = &a.trace {

@@ -84,3 +84,55 @@ pub fn in_private_shm(script: &str) -> ShOut {
         took: t.elapsed(),
     }
 }
+
+/// A C plugin built for a test, in a folder removed when it drops.
+pub struct BuiltPlugin {
+    pub path: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for BuiltPlugin {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Builds `src` (relative to the repository root) with `cc -shared -fPIC` and the `-D` flags
+/// `defines`, against `pto include-dir`, as a user would.
+#[allow(clippy::unwrap_used)]
+pub fn build_plugin(src: &str, defines: &[&str]) -> BuiltPlugin {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let inc = Command::new(env!("CARGO_BIN_EXE_pto"))
+        .arg("include-dir")
+        .output()
+        .unwrap();
+    assert!(inc.status.success(), "pto include-dir failed");
+    let inc = String::from_utf8(inc.stdout).unwrap().trim().to_string();
+    let dir = std::env::temp_dir().join(format!(
+        "pto-plugin-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("libplugin.so");
+    let mut cc = Command::new("cc");
+    cc.args(["-std=c99", "-Wall", "-Werror", "-shared", "-fPIC"])
+        .arg(format!("-I{inc}"));
+    for d in defines {
+        cc.arg(format!("-D{d}"));
+    }
+    let out = cc
+        .arg(root.join(src))
+        .arg("-o")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cc {src}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    BuiltPlugin { path, dir }
+}
