@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 
 from . import _native  # noqa: E402
 from ._errors import CommError, PtoError, WorkerError  # noqa: E402
-from ._native import HostOrch, SharedBuffer  # noqa: E402
+from ._native import HostOrch, KernelContext, SharedBuffer  # noqa: E402
 
 #: The package version (the native module's, set from its Cargo.toml: the one source).
 __version__: str = _native.__version__
@@ -53,6 +53,10 @@ __all__ = [
     "run_ranks",
     "programs",
     "kernels",
+    "kernel",
+    "Kernel",
+    "KernelContext",
+    "load_plugin",
     "PtoError",
     "WorkerError",
     "CommError",
@@ -90,6 +94,81 @@ def programs() -> List[Tuple[str, str]]:
 def kernels() -> List[str]:
     """The built-in kernels; each is also a chip program of the same name."""
     return _native.kernels()
+
+
+class Kernel:
+    """A Python function that runs as a chip kernel (made by :func:`kernel`).
+
+    Give it to ``Worker(kernels=[...])``; ``HostOrch.submit_chip``/``submit_group`` then run it
+    by its name, beside the built-in kernels. Calling the object calls the function.
+    """
+
+    def __init__(self, fn: Callable[..., Any], core: str = "aiv", name: Optional[str] = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"pto.kernel: {fn!r} is not callable")
+        if core not in ("aic", "aiv", "mix"):
+            raise ValueError(f'pto.kernel: core must be "aic", "aiv" or "mix", not {core!r}')
+        self.fn = fn
+        self.core = core
+        self.name = name if name is not None else getattr(fn, "__name__", None)
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("pto.kernel: give the kernel a name (name=...)")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"pto.Kernel({self.name!r}, core={self.core!r})"
+
+
+def kernel(
+    fn: Optional[Callable[..., Any]] = None, *, core: str = "aiv", name: Optional[str] = None
+) -> Any:
+    """Makes ``fn(ctx, *arrays, *scalars)`` a chip kernel that runs on ``core`` ("aic", "aiv"
+    or "mix") cores, named ``name`` (the function's name by default)::
+
+        @pto.kernel(core="aiv")
+        def scale(ctx, x, y, factor):
+            y[:] = factor * x
+
+    ``ctx`` (a :class:`KernelContext`) gives ``rank``, ``size``, ``block_idx``, ``block_num``,
+    ``window(name)`` (a numpy view of this rank's part of a window buffer) and the one-sided
+    operations ``put(rank, buffer, offset_bytes, array)``, ``get(rank, buffer, offset_bytes,
+    out)``, ``notify(rank, buffer, offset_bytes, value)``, ``wait_until(buffer, offset_bytes,
+    value)`` and ``barrier()``. The arrays are zero-copy views of the task's tensors (read-only
+    unless the task writes them; with SPMD blocks, each block gets its rows of what it writes);
+    they are valid during the call only. An exception fails the task with its traceback; the
+    tasks that consume its outputs are not run; the Worker stays usable.
+    """
+    if fn is not None:
+        return Kernel(fn, core, name)
+    return lambda f: Kernel(f, core, name)
+
+
+def load_plugin(path: Union[str, "_os.PathLike[str]"]) -> Dict[str, Any]:
+    """Loads a C plugin (a shared library built against ``pto.h``: see ``pto include-dir``).
+    Workers created afterwards run its kernels and programs by name and have its window
+    buffers. Returns what it registered: ``{"path", "programs", "kernels", "buffers"}``.
+    Raises :class:`PtoError` naming the file and the cause when it cannot be loaded."""
+    if not isinstance(path, (str, bytes, _os.PathLike)):
+        raise TypeError(f"load_plugin: path must be a path, not {type(path).__name__}")
+    return _native.load_plugin(_os.fsdecode(path))
+
+
+def _kernel_specs(kernels: Any) -> Any:
+    """``kernels`` as ``(name, core, fn)`` tuples; plain callables run on AIV cores."""
+    if kernels is None or not isinstance(kernels, (list, tuple)):
+        return kernels
+    out = []
+    for k in kernels:
+        if isinstance(k, Kernel):
+            out.append((k.name, k.core, k.fn))
+        elif callable(k):
+            kk = Kernel(k)
+            out.append((kk.name, kk.core, kk.fn))
+        else:
+            out.append(k)
+    return out
 
 
 # pto's short dtype names that numpy reads as another type (its codes count bytes, pto's bits).
@@ -145,6 +224,8 @@ class Worker:
         subs: ``{name: callable}`` run on sub-workers by ``HostOrch.submit_sub``; a callable
             gets numpy arrays of the task's tensors, then its scalars.
         timeout: seconds any wait may take before it fails (above 0, at most 1e9).
+        kernels: Python kernels (made by :func:`kernel`) that chip programs may run by name,
+            beside the built-in kernels and those of loaded plugins (:func:`load_plugin`).
 
     Bad arguments raise :class:`TypeError` (a wrong type) or :class:`ValueError` (out of
     range) naming the argument and what it may be, here and in every method; failures of the
@@ -161,10 +242,19 @@ class Worker:
         comm: bool = True,
         subs: Optional[Dict[str, Callable[..., Any]]] = None,
         timeout: Optional[float] = None,
+        kernels: Optional[Sequence[Union[Kernel, Callable[..., Any]]]] = None,
     ) -> None:
         try:
             self._w = _native.Worker(
-                chips, cores, sub_workers, _buffer_specs(buffers), collectives, comm, subs, timeout
+                chips,
+                cores,
+                sub_workers,
+                _buffer_specs(buffers),
+                collectives,
+                comm,
+                subs,
+                timeout,
+                _kernel_specs(kernels),
             )
         except WorkerError as e:
             if "before any thread starts" in str(e):

@@ -10,7 +10,8 @@
 //! One module per Python class or concern: `worker` (the `Worker` class), `buffer`
 //! (`SharedBuffer`, numpy arrays as tensors), `orch` (`HostOrch`, the recorded submissions),
 //! `runner` (the run thread), `programs` (chip programs, sub-worker callables, the listings),
-//! `comm` (`Comm`), `ranks` (`run_ranks`), `errors`, `dtypes`, `args` (argument checks), `wait`
+//! `comm` (`Comm`), `ranks` (`run_ranks`), `kernels` (Python kernels and their `KernelContext`),
+//! `plugins` (`load_plugin`), `errors`, `dtypes`, `args` (argument checks), `wait`
 //! (waiting without the GIL) and `logging`. This file registers them as the module.
 
 use pyo3::prelude::*;
@@ -21,8 +22,10 @@ mod buffer;
 mod comm;
 mod dtypes;
 mod errors;
+mod kernels;
 mod logging;
 mod orch;
+mod plugins;
 mod programs;
 mod ranks;
 mod runner;
@@ -54,6 +57,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::SharedBuffer>()?;
     m.add_class::<orch::HostOrch>()?;
     m.add_class::<comm::Comm>()?;
+    m.add_class::<kernels::KernelContext>()?;
+    m.add_class::<kernels::MemView>()?;
+    m.add_function(wrap_pyfunction!(plugins::load_plugin, m)?)?;
     m.add_function(wrap_pyfunction!(ranks::run_ranks, m)?)?;
     m.add_function(wrap_pyfunction!(programs::programs, m)?)?;
     m.add_function(wrap_pyfunction!(programs::kernels, m)?)?;

@@ -4,13 +4,15 @@
 
 use std::collections::BTreeSet;
 
-use pto_core::{ArgMode, DType, KernelRegistry, Orch, OrchError, Scalar, TaskArgs};
+use pto_core::{ArgMode, CoreKind, DType, KernelRegistry, Orch, OrchError, Scalar, TaskArgs};
 use pto_worker::{ChipCall, SubCall};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::buffer::array_of;
 use crate::errors::worker_err;
+use crate::kernels::py_kernel;
 
 /// A chip program that submits one kernel with the host task's tensors (modes kept) and
 /// scalars.
@@ -85,12 +87,28 @@ pub(crate) fn sub_fn(
     }
 }
 
-/// Every built-in kernel (pto-kernels) as a single-kernel chip program, and the registered
-/// programs; their names.
-pub(crate) fn builtin_programs(
+/// A Python kernel: its name, core kind and function.
+pub(crate) type PyKernelSpec = (String, CoreKind, Py<PyAny>);
+
+/// The chip programs of a Worker: every kernel (built-in, of a loaded plugin, or a Python
+/// kernel) as a single-kernel chip program, the registered programs (pto-examples) and the
+/// loaded plugins' programs; their names.
+pub(crate) fn chip_programs(
     mut b: pto_worker::WorkerBuilder,
+    py_kernels: Vec<PyKernelSpec>,
+    plugins: &[pto_plugin::Plugin],
 ) -> PyResult<(pto_worker::WorkerBuilder, BTreeSet<String>)> {
-    let reg: KernelRegistry = pto_kernels::registry().map_err(worker_err)?;
+    let mut reg: KernelRegistry = pto_kernels::registry().map_err(worker_err)?;
+    for p in plugins {
+        p.add_kernels(&mut reg).map_err(worker_err)?;
+    }
+    for (name, core, f) in py_kernels {
+        reg.register(&name, core, py_kernel(f)).map_err(|e| {
+            PyValueError::new_err(format!(
+                "kernels: {e} (a built-in or plugin kernel has that name)"
+            ))
+        })?;
+    }
     let names: Vec<String> = reg.iter().map(|k| k.name().to_string()).collect();
     let mut all = BTreeSet::new();
     for n in names {
@@ -100,6 +118,18 @@ pub(crate) fn builtin_programs(
     for p in pto_examples::programs::PROGRAMS {
         b = b.program(p.name, (p.kernels)().map_err(worker_err)?, p.orch);
         all.insert(p.name.to_string());
+    }
+    for p in plugins {
+        for name in p.programs() {
+            if !all.insert(name.to_string()) {
+                return Err(worker_err(format!(
+                    "plugin {}: program {name:?} has the name of a kernel or another program",
+                    p.path()
+                )));
+            }
+            let orch = p.orchestration(name).map_err(worker_err)?;
+            b = b.program(name, reg.clone(), move |o, _call| orch(o));
+        }
     }
     Ok((b, all))
 }

@@ -19,7 +19,7 @@ use crate::buffer::SharedBuffer;
 use crate::dtypes::{dtype_arg, numpy_name, typestr};
 use crate::errors::{pto_err, worker_err, Kind};
 use crate::orch::{chips_text, Catalog, HostOrch};
-use crate::programs::{builtin_programs, sub_fn};
+use crate::programs::{chip_programs, sub_fn, PyKernelSpec};
 use crate::runner::{run_interruptibly, Runner};
 
 /// Many chips on this host, one process each, driven from Python. Usable from any thread:
@@ -209,12 +209,83 @@ fn sub_callables<'py>(
     Ok(out)
 }
 
+/// `kernels=[(name, core, fn), ...]` (what `pto.kernel` makes): distinct names, a core of
+/// "aic", "aiv" or "mix", a callable.
+fn kernel_specs(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<PyKernelSpec>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(Vec::new());
+    };
+    let mut out: Vec<PyKernelSpec> = Vec::new();
+    for (i, item) in items(obj, "kernels")?.iter().enumerate() {
+        let what = format!("kernels[{i}]");
+        let parts = items(item, &what)?;
+        if parts.len() != 3 {
+            return Err(PyTypeError::new_err(format!(
+                "{what} must be a kernel made by @pto.kernel (or a (name, core, callable) tuple)"
+            )));
+        }
+        let name = string(&parts[0], &format!("{what} name"))?;
+        let core = match string(&parts[1], &format!("{what} core"))?.as_str() {
+            "aic" => pto_core::CoreKind::Aic,
+            "aiv" => pto_core::CoreKind::Aiv,
+            "mix" => pto_core::CoreKind::Mix,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "{what}: core must be \"aic\", \"aiv\" or \"mix\", not {}",
+                    repr(other)
+                )))
+            }
+        };
+        if !parts[2].is_callable() {
+            return Err(PyTypeError::new_err(format!(
+                "{what}: the kernel must be callable, not {}",
+                type_name(&parts[2])
+            )));
+        }
+        if name.is_empty() || out.iter().any(|k| k.0 == name) {
+            return Err(PyValueError::new_err(format!(
+                "{what}: kernel name {} is empty or given twice",
+                repr(&name)
+            )));
+        }
+        out.push((name, core, parts[2].clone().unbind()));
+    }
+    Ok(out)
+}
+
+/// The loaded plugins' window buffers join the Worker's (a buffer both declare must agree).
+fn merge_plugin_buffers(
+    specs: &mut Vec<BufferSpec>,
+    plugins: &[pto_plugin::Plugin],
+) -> PyResult<()> {
+    for p in plugins {
+        for b in p.buffers() {
+            match specs.iter().find(|s| s.name == b.name) {
+                Some(s) if s.dtype == b.dtype && s.count == b.count => {}
+                Some(s) => {
+                    return Err(PyValueError::new_err(format!(
+                        "buffers: {} is {} x {} here but {} x {} in plugin {}",
+                        repr(&b.name),
+                        s.count,
+                        s.dtype,
+                        b.count,
+                        b.dtype,
+                        p.path()
+                    )))
+                }
+                None => specs.push(b.clone()),
+            }
+        }
+    }
+    Ok(())
+}
+
 #[pymethods]
 impl Worker {
     /// Starts the Worker: forks one process per chip and per sub-worker (call it before this
     /// process starts threads).
     #[new]
-    #[pyo3(signature = (chips=1, cores=(1, 2), sub_workers=0, buffers=None, collectives=None, comm=true, subs=None, timeout=None))]
+    #[pyo3(signature = (chips=1, cores=(1, 2), sub_workers=0, buffers=None, collectives=None, comm=true, subs=None, timeout=None, kernels=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         #[pyo3(from_py_with = chips_arg)] chips: usize,
@@ -225,9 +296,13 @@ impl Worker {
         #[pyo3(from_py_with = comm_arg)] comm: bool,
         subs: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = timeout_arg)] timeout: Option<Duration>,
+        kernels: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Worker> {
-        let specs = buffer_specs(buffers)?;
+        let mut specs = buffer_specs(buffers)?;
         let callables = sub_callables(subs)?;
+        let py_kernels = kernel_specs(kernels)?;
+        let plugins = crate::plugins::loaded();
+        merge_plugin_buffers(&mut specs, &plugins)?;
         let mut b = pto_worker::Worker::builder()
             .chips(chips)
             .cores(cores.0, cores.1)
@@ -249,7 +324,17 @@ impl Worker {
             b = b.sub(&name, sub_fn(f.unbind()));
             sub_names.insert(name);
         }
-        let (b, programs) = builtin_programs(b)?;
+        if !py_kernels.is_empty() {
+            // A chip child's main thread holds the GIL it inherited across the fork; it lets
+            // it go for the child's life, so that the chip's core threads can run Python
+            // kernels.
+            b = b.chip_main(|run| Python::attach(|py| py.detach(run)));
+            // Each chip thread attaches to the interpreter once, for its life (a thread state
+            // set up and torn down per kernel call costs tens of microseconds), and holds the
+            // GIL only while a kernel runs.
+            b = b.chip_thread_main(|run| Python::attach(|py| py.detach(run)));
+        }
+        let (b, programs) = chip_programs(b, py_kernels, &plugins)?;
         // The GIL stays held across the fork: a sub-worker child continues on this thread,
         // which then holds the GIL it needs to call its Python callables.
         let w = b.init().map_err(worker_err)?;
