@@ -10,7 +10,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 ///
 /// Exit codes: 0 passed, 1 wrong result (a golden mismatch), 2 usage error (bad arguments or
 /// PTO_* variables), 3 runtime failure (a failed task, a dead or stopped rank, a deadline),
-/// 4 environment or setup failure (no space in /dev/shm, MPI missing), 128 + N when signal N
+/// 4 environment or setup failure (no space in /dev/shm, MPI missing), 5 a race found by
+/// `pto check`, 128 + N when signal N
 /// (SIGINT 130, SIGTERM 143, SIGHUP 129) ended it after stopping every child and removing its
 /// segments. Logging: RUST_LOG or PTO_LOG (error, warn, info, debug, trace, or target=level
 /// lists), or -v/-q; quiet (warnings only) by default.
@@ -33,6 +34,10 @@ pub enum Command {
     /// plugin's program (--plugin; exit 0 only when every rank's program finished without a
     /// failed task).
     Run(RunArgs),
+    /// Run an example (or a C plugin's program) under the happens-before checker: report
+    /// window accesses of different ranks that no notify -> wait, barrier or collective orders
+    /// (exit 5), and the wait-for graph when a wait passes its deadline.
+    Check(CheckArgs),
     /// List the examples, or a C plugin's programs, kernels and buffers (--plugin).
     List(ListArgs),
     /// Print the folder that holds pto.h, the C header of plugins
@@ -50,6 +55,41 @@ pub enum Command {
         /// The job.
         job: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The example (see `pto list`), or with --plugin the plugin's program.
+    pub example: String,
+    /// Load this C plugin and check its program EXAMPLE.
+    #[arg(long)]
+    pub plugin: Option<PathBuf>,
+    /// Ranks, 1 to 1024.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=pto_comm::MAX_RANKS as u64).map(|v| v as usize))]
+    pub ranks: usize,
+    /// Where the ranks run: the checker needs them as threads of one process (local).
+    #[arg(long, value_enum, default_value = "local")]
+    pub backend: BackendArg,
+    /// Problem size, in the example's own unit.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=pto_examples::MAX_SIZE as u64).map(|v| v as usize))]
+    pub size: Option<usize>,
+    /// Logical AIC cores per chip, 0 to 1024.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub aic: u32,
+    /// Logical AIV cores per chip, 0 to 2048.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=2048))]
+    pub aiv: u32,
+    /// Run it this many times, 1 to 10000, each on a schedule perturbed from its own seed
+    /// (pauses before puts, notifies and kernels), so that order-dependent bugs show.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10_000).map(|v| v as usize))]
+    pub schedules: usize,
+    /// The first schedule's seed (the k-th uses seed + k); without it and with one schedule,
+    /// the run is not perturbed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print one JSON object: every race as an object, the wait-for graph, the run's verdict.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

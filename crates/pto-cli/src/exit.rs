@@ -7,6 +7,7 @@
 //! | 2 | usage: bad arguments or `PTO_*` variables |
 //! | 3 | runtime failure: a failed task, a dead or stopped rank, a deadline |
 //! | 4 | environment or setup: no space in `/dev/shm`, MPI missing, a refused fork |
+//! | 5 | `pto check` found a race |
 //! | 128 + N | signal N ended it (SIGINT 130, SIGTERM 143, SIGHUP 129), after cleanup |
 
 use std::process::ExitCode;
@@ -17,6 +18,7 @@ pub const WRONG_RESULT: u8 = 1;
 pub const USAGE: u8 = 2;
 pub const RUNTIME: u8 = 3;
 pub const ENVIRONMENT: u8 = 4;
+pub const RACE: u8 = 5;
 
 /// A failure of the caller's making, said in words (exit 2).
 #[derive(Debug, thiserror::Error)]

@@ -253,7 +253,10 @@ mod common;
 fn a_c_plugins_ring_program_on_1_to_8_mpi_ranks() {
     let p = common::build_plugin("examples/plugin/ring.c", &[]);
     let path = p.path.display().to_string();
-    for (windows, ranks) in [("shared", &["1", "2", "4", "8"][..]), ("rma", &["2", "4"][..])] {
+    for (windows, ranks) in [
+        ("shared", &["1", "2", "4", "8"][..]),
+        ("rma", &["2", "4"][..]),
+    ] {
         for &n in ranks {
             for program in ["ring", "ring_blocking"] {
                 let (code, out, err) = pto(

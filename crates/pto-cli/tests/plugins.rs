@@ -169,3 +169,49 @@ fn failing_kernels_and_programs_fail_their_run_with_the_cause() {
         o.out
     );
 }
+
+#[test]
+fn pto_check_reports_a_plugins_race_and_passes_its_ordered_twin() {
+    let p = build_plugin("crates/pto-cli/tests/plugins/cases.c", &[]);
+    let lib = p.path.display().to_string();
+    let o = in_private_shm(&format!(
+        "\"$PTO\" check --plugin '{lib}' racy --ranks 2 --json"
+    ));
+    assert_eq!(o.code, Some(5), "{}\n{}", o.out, o.err);
+    let v: serde_json::Value = serde_json::from_str(o.out.trim()).unwrap();
+    let races = v["races"].as_array().unwrap();
+    assert!(!races.is_empty(), "{}", o.out);
+    let m = races[0]["message"].as_str().unwrap();
+    assert!(
+        m.contains("`buf[0..16)`") && m.contains("`exchange`"),
+        "{m}"
+    );
+    let ring = build_plugin("examples/plugin/ring.c", &[]);
+    for (program, ranks) in [("ordered", 2), ("ordered", 4), ("ring", 3)] {
+        let lib = if program == "ring" {
+            ring.path.display().to_string()
+        } else {
+            lib.clone()
+        };
+        let o = in_private_shm(&format!(
+            "\"$PTO\" check --plugin '{lib}' {program} --ranks {ranks} --schedules 5"
+        ));
+        assert_eq!(o.code, Some(0), "{program}: {}\n{}", o.out, o.err);
+    }
+}
+
+#[test]
+fn pto_check_passes_the_examples_and_refuses_processes() {
+    for ex in [
+        "deferred_notify",
+        "allreduce_distributed",
+        "ffn_tp_parallel",
+    ] {
+        let o = in_private_shm(&format!("\"$PTO\" check {ex} --ranks 4 --schedules 3"));
+        assert_eq!(o.code, Some(0), "{ex}: {}\n{}", o.out, o.err);
+        assert!(o.out.contains("0 of 3 schedules failed"), "{}", o.out);
+    }
+    let o = in_private_shm("\"$PTO\" check deferred_notify --ranks 2 --backend shm");
+    assert_eq!(o.code, Some(2), "{}\n{}", o.out, o.err);
+    assert!(o.err.contains("--backend local"), "{}", o.err);
+}

@@ -198,8 +198,9 @@ impl Comm {
     /// A dead or failed member (named), an abort, or the deadline (`PTO_WAIT_TIMEOUT_MS`).
     /// After an error the communicator must not be used for collectives again.
     pub fn barrier(&self) -> Result<(), CommError> {
+        let join = crate::check::Join::enter(self, &self.inner.key, "barrier");
         let w = self.world_ref();
-        w.check_abort()?;
+        w.check_abort().inspect_err(|e| join.failed(e))?;
         self.inner
             .io
             .barrier(self.rank(), self.size(), w.deadline(), || self.check())
@@ -207,6 +208,7 @@ impl Comm {
                 || format!("barrier of {} ranks", self.size()),
                 self.world_rank(),
             ))
+            .inspect_err(|e| join.failed(e))
     }
 
     /// A communicator over a subset of the world: `members` lists world ranks, and a member's

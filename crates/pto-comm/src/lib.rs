@@ -49,6 +49,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+pub mod check;
 mod collective;
 mod comm;
 pub mod conformance;

@@ -18,6 +18,26 @@ pub enum SignalOp {
 }
 
 impl Window {
+    /// A signal's name for reports: `` `flag[4]` of window W >= v ``.
+    pub(crate) fn signal_name(&self, offset: usize, value: u32) -> String {
+        match self
+            .buffers()
+            .iter()
+            .find(|b| offset >= b.offset && offset < b.offset + b.bytes)
+        {
+            Some(b) => format!(
+                "signal `{}[{}]` of window {} >= {value}",
+                b.name,
+                offset - b.offset,
+                self.name()
+            ),
+            None => format!(
+                "signal at offset {offset} of window {} >= {value}",
+                self.name()
+            ),
+        }
+    }
+
     /// Notifies the signal (a `u32`) at `(rank, offset)`: adds or stores `value`, with release
     /// semantics (everything this rank wrote before is visible to a waiter that sees it), and
     /// wakes the target if it is parked.
@@ -37,6 +57,12 @@ impl Window {
         op: SignalOp,
     ) -> Result<(), CommError> {
         self.check_atomic("signal notify", rank, offset, 4)?;
+        if let Some(c) = crate::check::active() {
+            self.note(rank, offset, 4, crate::check::AccessKind::Atomic, "notify");
+            let comm = &self.inner.comm;
+            let t = comm.world_rank_of(rank).unwrap_or(rank);
+            c.release(comm.world_rank(), self.name(), t, offset);
+        }
         self.inner
             .io
             .notify(rank, offset, value, op == SignalOp::Add)
@@ -69,13 +95,34 @@ impl Window {
         self.check_atomic("signal wait", me, offset, 4)?;
         let reached = |v: u32| (v.wrapping_sub(value) as i32) >= 0;
         let comm = &self.inner.comm;
-        self.inner
+        let checker = crate::check::active();
+        let what = checker.as_ref().map(|_| self.signal_name(offset, value));
+        if let (Some(c), Some(what)) = (&checker, &what) {
+            c.wait_begin(comm.world_rank(), self.name(), offset, what.clone());
+        }
+        let r = self
+            .inner
             .io
             .wait(me, offset, reached, deadline, || comm.check())
             .map_err(wait_err(
                 || format!("signal wait at offset {offset} for >= {value}"),
                 comm.world_rank(),
-            ))
+            ));
+        if let Some(c) = &checker {
+            c.wait_end(
+                comm.world_rank(),
+                r.as_ref().is_err_and(crate::check::stalled),
+            );
+            if r.is_ok() {
+                c.acquire_wait(
+                    comm.world_rank(),
+                    self.name(),
+                    offset,
+                    what.as_deref().unwrap_or(""),
+                );
+            }
+        }
+        r
     }
 
     /// Test a signal without waiting: true when this rank's signal at `offset` is `>= value`.
@@ -140,7 +187,19 @@ impl pto_core::Condition for SignalCondition {
         let value = self.value;
         let reached = |v: u32| (v.wrapping_sub(value) as i32) >= 0;
         match self.window.inner.io.poll(self.rank, self.offset, reached) {
-            Ok(Some(_)) => return pto_core::Poll::Ready,
+            Ok(Some(_)) => {
+                if let Some(c) = crate::check::active() {
+                    let w = &self.window;
+                    let comm = &w.inner.comm;
+                    if self.rank == w.rank() {
+                        let what = w.signal_name(self.offset, value);
+                        c.acquire_wait(comm.world_rank(), w.name(), self.offset, &what);
+                    } else {
+                        w.acquired(self.rank, self.offset);
+                    }
+                }
+                return pto_core::Poll::Ready;
+            }
             Ok(None) => {}
             Err(e) => return pto_core::Poll::Failed(e.to_string()),
         }

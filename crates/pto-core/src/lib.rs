@@ -58,6 +58,7 @@ pub mod engine;
 mod error;
 mod geometry;
 mod kernel;
+pub mod observe;
 mod tensor;
 pub mod trace;
 mod view;

@@ -20,6 +20,7 @@ use pto_comm::{Backend, CommError};
 use pto_core::{OrchError, RunError, TensorError};
 use serde_json::Value;
 
+pub mod check;
 mod chip;
 mod collectives;
 pub mod dist;

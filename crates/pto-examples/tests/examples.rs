@@ -23,6 +23,36 @@ fn run(name: &'static str, backend: Backend, ranks: usize) -> Result<(), Failed>
     }
 }
 
+/// Under the happens-before checker, unperturbed and on 20 perturbed schedules: every run
+/// passes and nothing is reported.
+fn checked(name: &'static str, ranks: usize) -> Result<(), Failed> {
+    for seed in std::iter::once(None).chain((0..20).map(Some)) {
+        checked_once(name, ranks, seed).map_err(|e| format!("seed {seed:?}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn checked_once(name: &'static str, ranks: usize, seed: Option<u64>) -> Result<(), String> {
+    let ex = pto_examples::find(name).ok_or("no such example")?;
+    let args = RunArgs {
+        size: None,
+        trace: false,
+        cores: (1, 2),
+        backend: Backend::Local,
+        on_child_exit: None,
+    };
+    let c =
+        pto_examples::check::example_seeded(ex, &args, ranks, seed).map_err(|e| e.to_string())?;
+    let out = c.run.map_err(|e| e.to_string())?;
+    if !out.passed {
+        return Err(out.detail);
+    }
+    if !c.report.races.is_empty() || !c.report.warnings.is_empty() {
+        return Err(pto_comm::check::render(&c.report));
+    }
+    Ok(())
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
@@ -46,6 +76,16 @@ fn main() {
                     move || run(name, backend, n),
                 ));
             }
+        }
+    }
+    // No false reports: every example with a rank body under `pto check`.
+    for ex in EXAMPLES.iter().filter(|e| e.ranks.is_some()) {
+        let name = ex.name;
+        for n in [1, 2, 3, 4, 8] {
+            trials.push(Trial::test(
+                format!("{name}_checked_{n}_ranks"),
+                move || checked(name, n),
+            ));
         }
     }
     libtest_mimic::run(&args, trials).exit();

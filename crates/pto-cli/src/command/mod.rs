@@ -1,6 +1,7 @@
 //! One module per verb.
 
 mod bench;
+mod check;
 mod clean;
 mod comm_bench;
 mod deferred_bench;
@@ -17,6 +18,7 @@ use crate::cli::{Cli, Command};
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(a) => run::run(&a),
+        Command::Check(a) => check::check(&a),
         Command::List(a) => {
             match &a.plugin {
                 None => {

@@ -167,9 +167,41 @@ static int spmd_prog(pto_orch *o) {
     return got == 55 ? PTO_OK : -201;
 }
 
+/* Puts into the next rank's buf and notifies its flag; with `wait` set (scalar 0), reads its
+ * own buf only after its flag says the previous rank's put arrived, else at once (a race
+ * that pto check reports). */
+static int exchange(pto_kernel_ctx *ctx) {
+    uint32_t r, n;
+    int64_t wait;
+    float mine[4] = {1, 2, 3, 4}, got[4];
+    int rc;
+    if ((rc = pto_rank(ctx, &r)) || (rc = pto_nranks(ctx, &n))) return rc;
+    if ((rc = pto_scalar_i64(ctx, 0, &wait))) return rc;
+    if ((rc = pto_put(ctx, (r + 1) % n, "buf", 0, mine, sizeof mine))) return rc;
+    if ((rc = pto_notify(ctx, (r + 1) % n, "flag", 0, 1))) return rc;
+    if (wait && (rc = pto_wait_until(ctx, "flag", 0, 1))) return rc;
+    if ((rc = pto_get(ctx, r, "buf", 0, got, sizeof got))) return rc;
+    if (!wait && (rc = pto_wait_until(ctx, "flag", 0, 1))) return rc;
+    return PTO_OK;
+}
+
+static int racy_prog(pto_orch *o) {
+    pto_arg a = pto_arg_i64(0);
+    return pto_submit(o, "exchange", &a, 1);
+}
+
+static int ordered_prog(pto_orch *o) {
+    pto_arg a = pto_arg_i64(1);
+    return pto_submit(o, "exchange", &a, 1);
+}
+
 PTO_EXPORT int pto_plugin_register(pto_registry *reg) {
     int rc = 0;
     rc |= pto_declare_buffer(reg, "buf", PTO_F32, 4);
+    rc |= pto_declare_buffer(reg, "flag", PTO_U32, 4);
+    rc |= pto_register_kernel(reg, "exchange", PTO_AIV, exchange);
+    rc |= pto_register_program(reg, "racy", racy_prog);
+    rc |= pto_register_program(reg, "ordered", ordered_prog);
     rc |= pto_register_kernel(reg, "boom", PTO_AIV, boom);
     rc |= pto_register_kernel(reg, "after_boom", PTO_AIV, after_boom);
     rc |= pto_register_kernel(reg, "bad_put", PTO_AIV, bad_put);

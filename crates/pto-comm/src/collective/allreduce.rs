@@ -35,6 +35,7 @@ impl Collectives {
         op: ReduceOp,
         algo: Algorithm,
     ) -> Result<(), CommError> {
+        let _join = crate::check::Join::collective(self.comm(), "allreduce_with");
         let on_library_by_choice = algo == Algorithm::Auto
             && library_reduces(T::DTYPE)
             && MPI_ALLREDUCE_BYTES.contains(&std::mem::size_of_val(data));
@@ -236,6 +237,7 @@ impl Collectives {
         count: usize,
         op: ReduceOp,
     ) -> Result<(), CommError> {
+        let _join = crate::check::Join::collective(self.comm(), "allreduce_window");
         let (me, n) = (self.me(), self.n());
         let size = std::mem::size_of::<T>();
         if w.ranks() != n || w.rank() != me {

@@ -13,6 +13,7 @@ impl Collectives {
     ///
     /// `out` is not `size × mine.len()` long, or a communication error.
     pub fn allgather<T: bytemuck::Pod>(&self, mine: &[T], out: &mut [T]) -> Result<(), CommError> {
+        let _join = crate::check::Join::collective(self.comm(), "allgather");
         let (n, k) = (self.n(), mine.len());
         if out.len() != n * k {
             return Err(CommError::BadBuffer {
@@ -55,6 +56,7 @@ impl Collectives {
         data: &[T],
         op: ReduceOp,
     ) -> Result<Vec<T>, CommError> {
+        let _join = crate::check::Join::collective(self.comm(), "reduce_scatter");
         let (me, n) = (self.me(), self.n());
         let mine = block_range(data.len(), me as u32, n as u32);
         if self.w.library().is_some() {
@@ -105,6 +107,7 @@ impl Collectives {
         data: &mut [T],
         root: usize,
     ) -> Result<(), CommError> {
+        let _join = crate::check::Join::collective(self.comm(), "broadcast");
         if root >= self.n() {
             return Err(CommError::BadRank {
                 rank: root,
@@ -148,6 +151,7 @@ impl Collectives {
         send: &[T],
         recv: &mut [T],
     ) -> Result<(), CommError> {
+        let _join = crate::check::Join::collective(self.comm(), "all_to_all");
         let n = self.n();
         if !send.len().is_multiple_of(n) || recv.len() != send.len() {
             return Err(CommError::BadBuffer {

@@ -160,6 +160,7 @@ impl Collectives {
     ///
     /// A communication error.
     pub fn barrier(&self) -> Result<(), CommError> {
+        let _join = crate::check::Join::collective(self.comm(), "barrier");
         if let Some(m) = self.w.library() {
             return m.barrier(self.comm().deadline());
         }

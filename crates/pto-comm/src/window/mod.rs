@@ -16,6 +16,7 @@ use pto_shm::HeaderInit;
 
 use crate::backend::mapping::Mapping;
 use crate::backend::{wait_err, WindowIo};
+use crate::check::{self, AccessKind};
 use crate::comm::Comm;
 use crate::error::CommError;
 
@@ -72,6 +73,9 @@ impl Comm {
             *s
         };
         let w = Window::allocate(self, spec, seq);
+        if let (Ok(w), Some(c)) = (&w, check::active()) {
+            c.window(&w.inner.name, &w.inner.buffers);
+        }
         match &w {
             Ok(_) => tracing::debug!(
                 rank = self.rank(),
@@ -276,6 +280,37 @@ impl Window {
         Ok(RemoteRef { rank, offset })
     }
 
+    /// Tells the checker (when one is installed) about an access to `target`'s part.
+    pub(crate) fn note(
+        &self,
+        target: usize,
+        off: usize,
+        len: usize,
+        kind: AccessKind,
+        op: &'static str,
+    ) {
+        if let Some(c) = check::active() {
+            let comm = &self.inner.comm;
+            let t = comm.world_rank_of(target).unwrap_or(target);
+            c.access(comm.world_rank(), &self.inner.name, t, (off, len), kind, op);
+        }
+    }
+
+    /// Tells the checker (when one is installed) that this rank saw the signal at
+    /// `(target, off)`: it acquires what its notifiers released.
+    pub(crate) fn acquired(&self, target: usize, off: usize) {
+        if let Some(c) = check::active() {
+            let comm = &self.inner.comm;
+            let t = comm.world_rank_of(target).unwrap_or(target);
+            c.acquire(comm.world_rank(), &self.inner.name, t, off);
+        }
+    }
+
+    /// The window's name (unique in its world).
+    pub(crate) fn name(&self) -> &str {
+        &self.inner.name
+    }
+
     pub(crate) fn check_range(
         &self,
         op: &'static str,
@@ -331,6 +366,7 @@ impl Window {
     /// A bad rank or a range outside the window.
     pub fn put(&self, rank: usize, offset: usize, src: &[u8]) -> Result<(), CommError> {
         self.check_range("put", rank, offset, src.len())?;
+        self.note(rank, offset, src.len(), AccessKind::Write, "put");
         self.inner.io.put(rank, offset, src)
     }
 
@@ -359,6 +395,7 @@ impl Window {
     /// A bad rank or a range outside the window.
     pub fn get(&self, rank: usize, offset: usize, dst: &mut [u8]) -> Result<(), CommError> {
         self.check_range("get", rank, offset, dst.len())?;
+        self.note(rank, offset, dst.len(), AccessKind::Read, "get");
         self.inner.io.get(rank, offset, dst)
     }
 
@@ -385,6 +422,7 @@ impl Window {
     /// A bad rank, a range outside the window, or an offset not 4-aligned.
     pub fn fetch_add_u32(&self, rank: usize, offset: usize, v: u32) -> Result<u32, CommError> {
         self.check_atomic("atomic add (u32)", rank, offset, 4)?;
+        self.note(rank, offset, 4, AccessKind::Atomic, "atomic add");
         self.inner.io.fetch_add_u32(rank, offset, v)
     }
 
@@ -395,6 +433,7 @@ impl Window {
     /// A bad rank, a range outside the window, or an offset not 8-aligned.
     pub fn fetch_add_u64(&self, rank: usize, offset: usize, v: u64) -> Result<u64, CommError> {
         self.check_atomic("atomic add (u64)", rank, offset, 8)?;
+        self.note(rank, offset, 8, AccessKind::Atomic, "atomic add");
         self.inner.io.fetch_add_u64(rank, offset, v)
     }
 
@@ -414,7 +453,9 @@ impl Window {
     /// A bad rank, a range outside the window, or an offset not 4-aligned.
     pub fn load_u32(&self, rank: usize, offset: usize) -> Result<u32, CommError> {
         self.check_atomic("atomic load (u32)", rank, offset, 4)?;
-        self.inner.io.load_u32(rank, offset)
+        let v = self.inner.io.load_u32(rank, offset)?;
+        self.acquired(rank, offset);
+        Ok(v)
     }
 
     /// Atomically reads the `u64` at `(rank, offset)`.
@@ -424,7 +465,9 @@ impl Window {
     /// A bad rank, a range outside the window, or an offset not 8-aligned.
     pub fn load_u64(&self, rank: usize, offset: usize) -> Result<u64, CommError> {
         self.check_atomic("atomic load (u64)", rank, offset, 8)?;
-        self.inner.io.load_u64(rank, offset)
+        let v = self.inner.io.load_u64(rank, offset)?;
+        self.acquired(rank, offset);
+        Ok(v)
     }
 
     /// Orders this rank's earlier puts and atomics before its later ones, as seen by any peer.
@@ -448,11 +491,14 @@ impl Window {
     ///
     /// As [`Comm::barrier`].
     pub fn barrier(&self) -> Result<(), CommError> {
+        let join = check::Join::enter(&self.inner.comm, &self.inner.name, "barrier");
         let comm = &self.inner.comm;
-        comm.world_ref().check_abort()?;
+        comm.world_ref()
+            .check_abort()
+            .inspect_err(|e| join.failed(e))?;
         // A library communicator's barrier serves its windows; mapped ones have their own words.
         if comm.inner.io.library().is_some() {
-            return comm.barrier();
+            return comm.barrier().inspect_err(|e| join.failed(e));
         }
         self.inner
             .io
@@ -461,6 +507,7 @@ impl Window {
                 || format!("barrier of window {}", self.inner.name),
                 comm.world_rank(),
             ))
+            .inspect_err(|e| join.failed(e))
     }
 
     /// A direct pointer to rank `rank`'s part of the window: any rank's on mapped windows,
@@ -482,7 +529,11 @@ impl Window {
     /// it through tensors (the borrow table still orders local tasks). Peers write it only
     /// under the program's signal protocol.
     pub fn local_buffer(&self) -> Buffer {
-        Buffer::from_external(self.inner.io.local_memory(self.rank(), self.inner.size))
+        let b = Buffer::from_external(self.inner.io.local_memory(self.rank(), self.inner.size));
+        if let Some(c) = check::active() {
+            c.buffer(b.id(), &self.inner.name, self.inner.comm.world_rank());
+        }
+        b
     }
 
     /// The named buffer `name` of this rank's part as a 1-D tensor of its dtype.

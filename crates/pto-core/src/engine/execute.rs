@@ -306,11 +306,18 @@ impl Engine {
             sender: &self.sender,
             wait: self.wait,
         };
+        let observer = crate::observe::observer();
+        if let Some(o) = &observer {
+            o.kernel_start(&ctx);
+        }
         let result = match catch_unwind(AssertUnwindSafe(|| kernel.call(&ctx))) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.to_string()),
             Err(p) => Err(format!("panicked: {}", panic_message(&*p))),
         };
+        if let Some(o) = &observer {
+            o.kernel_end(&ctx, result.is_ok());
+        }
         let times = start.map(|s| (s, now_us()));
         (result, times, ctx.regs.into_inner())
     }
