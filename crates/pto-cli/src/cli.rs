@@ -154,9 +154,14 @@ pub struct RunArgs {
     /// Logical AIV cores per chip, 0 to 2048.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=2048))]
     pub aiv: u32,
-    /// Write a Chrome trace (open it in Perfetto) to this file.
+    /// Write a Chrome trace (open it in Perfetto) to this file: lanes `rank R / chip / AIC0`,
+    /// an arrow from each task to its consumers.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Write the task graph that ran (every chip's tasks and their dependencies) to this file
+    /// in Graphviz dot.
+    #[arg(long)]
+    pub dag: Option<PathBuf>,
     /// Print one JSON object (always one, also on failure: see its `error` field).
     #[arg(long)]
     pub json: bool,

@@ -118,3 +118,36 @@ fn clean_lists_and_removes_stale_segments_only() {
         "{live_line}"
     );
 }
+
+#[test]
+fn run_writes_the_task_graph_and_a_trace_with_dependency_arrows() {
+    let dir = std::env::temp_dir().join(format!("pto-dag-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (dot, trace) = (dir.join("g.dot"), dir.join("t.json"));
+    let (code, out, err) = pto(&[
+        "run",
+        "deferred_notify",
+        "--ranks",
+        "2",
+        "--backend",
+        "local",
+        "--dag",
+        dot.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let g = std::fs::read_to_string(&dot).unwrap();
+    assert!(g.starts_with("digraph pto {"), "{g}");
+    assert!(
+        g.contains("label=\"rank 1 / chip\"") && g.contains("notify_wait\"]"),
+        "{g}"
+    );
+    assert!(g.contains("p1_t1 -> p1_t2;"), "{g}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let evs = doc["traceEvents"].as_array().unwrap();
+    assert_eq!(evs.iter().filter(|e| e["ph"] == "s").count(), 2);
+    assert_eq!(evs.iter().filter(|e| e["ph"] == "f").count(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}

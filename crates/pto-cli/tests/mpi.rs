@@ -129,7 +129,7 @@ fn a_trace_holds_every_ranks_chip() {
         assert!(
             events
                 .iter()
-                .any(|e| e["pid"] == rank && e["name"] == "matmul"),
+                .any(|e| e["pid"] == rank + 1 && e["name"] == "matmul"),
             "no matmul of rank {rank} in {events:?}"
         );
     }

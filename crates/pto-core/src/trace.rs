@@ -48,10 +48,11 @@ pub struct Trace {
     pub events: Vec<TraceEvent>,
 }
 
+// Lane (thread) ids start at 1: Perfetto treats tid 0 (and pid 0) as "unknown".
 fn tid(core: CoreId) -> u32 {
     match core.kind {
-        CoreKind::Aic | CoreKind::Mix => core.index,
-        CoreKind::Aiv => 1000 + core.index,
+        CoreKind::Aic | CoreKind::Mix => 1 + core.index,
+        CoreKind::Aiv => 1001 + core.index,
     }
 }
 
@@ -59,12 +60,34 @@ fn event_tid(e: &TraceEvent) -> u32 {
     tid(e.core) + if e.deferred { 10_000 } else { 0 }
 }
 
+/// How a chip's lanes are named in a trace document.
+#[derive(Clone, Debug)]
+pub struct Lanes {
+    /// The trace process id (not 0).
+    pub pid: u32,
+    /// The process's name (`rank 3 / chip`, `host`).
+    pub process: String,
+    /// A host-level chip: its lanes are the host's task lanes, not AIC/AIV cores.
+    pub host: bool,
+}
+
 impl Trace {
-    /// The trace-event objects of this chip (metadata and complete events).
+    /// The trace-event objects of this chip (metadata, complete events, and a flow arrow from
+    /// each task to every consumer that depended on it), named `rank <chip> / chip`.
     pub fn chrome_events(&self) -> Vec<Value> {
+        self.chrome_events_as(&Lanes {
+            pid: self.chip + 1,
+            process: format!("rank {} / chip", self.chip),
+            host: false,
+        })
+    }
+
+    /// [`Trace::chrome_events`] with the lanes named as `lanes` says.
+    pub fn chrome_events_as(&self, lanes: &Lanes) -> Vec<Value> {
+        let pid = lanes.pid.max(1);
         let mut out = vec![json!({
-            "ph": "M", "name": "process_name", "pid": self.chip,
-            "args": { "name": format!("chip {}", self.chip) }
+            "ph": "M", "name": "process_name", "pid": pid,
+            "args": { "name": lanes.process }
         })];
         let mut tracks: Vec<(u32, CoreId, bool)> = self
             .events
@@ -74,9 +97,10 @@ impl Trace {
         tracks.sort_by_key(|t| t.0);
         tracks.dedup_by_key(|t| t.0);
         for (t, c, deferred) in tracks {
-            let name = match c.kind {
-                CoreKind::Aiv => format!("AIV{}", c.index),
-                _ => format!("AIC{}", c.index),
+            let name = match (lanes.host, c.kind) {
+                (true, _) => format!("host lane {}", t % 1000),
+                (false, CoreKind::Aiv) => format!("AIV{}", c.index),
+                (false, _) => format!("AIC{}", c.index),
             };
             let name = if deferred {
                 format!("{name} deferred")
@@ -84,20 +108,46 @@ impl Trace {
                 name
             };
             out.push(json!({
-                "ph": "M", "name": "thread_name", "pid": self.chip, "tid": t,
+                "ph": "M", "name": "thread_name", "pid": pid, "tid": t,
                 "args": { "name": name }
             }));
         }
+        // Where each task ended (its last block, or its deferred span), for the arrows.
+        let mut ends: std::collections::HashMap<u64, (f64, u32)> = Default::default();
+        for e in &self.events {
+            let v = ends.entry(e.task.get()).or_insert((e.end_us, event_tid(e)));
+            if e.end_us >= v.0 {
+                *v = (e.end_us, event_tid(e));
+            }
+        }
+        let mut flow = (u64::from(pid)) << 32;
         for e in &self.events {
             out.push(json!({
                 "ph": "X", "name": &*e.kernel, "cat": if e.deferred { "deferred" } else { "task" },
-                "pid": self.chip, "tid": event_tid(e),
+                "pid": pid, "tid": event_tid(e),
                 "ts": e.start_us, "dur": (e.end_us - e.start_us).max(0.0),
                 "args": {
                     "task": e.task.get(), "block": e.block, "core": e.core.to_string(),
                     "deps": e.deps.iter().map(|d| d.get()).collect::<Vec<_>>(),
                 }
             }));
+            if e.block != 0 || e.deferred {
+                continue;
+            }
+            for d in &e.deps {
+                let Some(&(end, ptid)) = ends.get(&d.get()) else {
+                    continue;
+                };
+                flow += 1;
+                out.push(json!({
+                    "ph": "s", "name": "dependency", "cat": "flow", "id": flow,
+                    "pid": pid, "tid": ptid, "ts": end.min(e.start_us),
+                }));
+                out.push(json!({
+                    "ph": "f", "bp": "e", "name": "dependency", "cat": "flow", "id": flow,
+                    "pid": pid, "tid": event_tid(e), "ts": e.start_us,
+                }));
+            }
         }
         out
     }

@@ -836,6 +836,22 @@ fn a_trace_records_every_block_as_chrome_json() {
     assert!(evs
         .iter()
         .any(|e| e["ph"] == "M" && e["name"] == "thread_name"));
+    // An arrow from each producer to each consumer; lanes named, no pid or tid 0.
+    let deps: usize = trace
+        .events
+        .iter()
+        .filter(|e| e.block == 0 && !e.deferred)
+        .map(|e| e.deps.len())
+        .sum();
+    assert!(deps > 0);
+    assert_eq!(evs.iter().filter(|e| e["ph"] == "s").count(), deps);
+    assert_eq!(evs.iter().filter(|e| e["ph"] == "f").count(), deps);
+    assert!(evs
+        .iter()
+        .all(|e| e["pid"] != 0 && e.get("tid").is_none_or(|t| *t != 0)));
+    assert!(evs
+        .iter()
+        .any(|e| e["name"] == "process_name" && e["args"]["name"] == "rank 0 / chip"));
     // Off by default.
     assert!(chip().run(&program(|_| Ok(()))).unwrap().trace.is_none());
 }

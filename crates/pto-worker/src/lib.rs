@@ -320,16 +320,12 @@ impl Worker {
         let host = r?;
         let mut trace_events = Vec::new();
         if let Some(t) = &host.trace {
-            let mut t = t.clone();
-            t.chip = 0;
-            for mut e in t.chrome_events() {
-                // The host is its own process in the trace.
-                e["pid"] = serde_json::json!(u32::MAX);
-                if e["name"] == "process_name" {
-                    e["args"]["name"] = serde_json::json!("host");
-                }
-                trace_events.push(e);
-            }
+            // The host is its own process in the trace, with host lanes.
+            trace_events.extend(t.chrome_events_as(&pto_core::trace::Lanes {
+                pid: u32::MAX,
+                process: "host".into(),
+                host: true,
+            }));
         }
         for chunk in self.state.traces.lock().drain(..) {
             if let Ok(serde_json::Value::Array(v)) = serde_json::from_str(&chunk) {

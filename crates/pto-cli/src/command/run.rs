@@ -67,9 +67,7 @@ fn execute(a: &RunArgs, rep: &Reporter) -> anyhow::Result<Flow> {
     let o = with_progress(a, rep, &a.example, || {
         pto_examples::dist::run(ex, &args, rep.ranks)
     })?;
-    if let Some(path) = &a.trace {
-        write_trace(path, &o)?;
-    }
+    write_trace(a, &o)?;
     Ok(Flow::Report(o))
 }
 
@@ -104,9 +102,7 @@ fn execute_plugin(a: &RunArgs, rep: &Reporter, path: &std::path::Path) -> anyhow
     let o = with_progress(a, rep, &a.example, || {
         pto_examples::plugin::run(&plugin, &a.example, &args, rep.ranks)
     })?;
-    if let Some(path) = &a.trace {
-        write_trace(path, &o)?;
-    }
+    write_trace(a, &o)?;
     Ok(Flow::Report(o))
 }
 
@@ -127,7 +123,7 @@ fn run_args(a: &RunArgs) -> anyhow::Result<pto_examples::RunArgs> {
     }
     Ok(pto_examples::RunArgs {
         size: a.size,
-        trace: a.trace.is_some(),
+        trace: a.trace.is_some() || a.dag.is_some(),
         cores: (a.aic, a.aiv),
         backend,
         on_child_exit: None,
@@ -173,11 +169,69 @@ fn with_progress<T>(a: &RunArgs, rep: &Reporter, name: &str, f: impl FnOnce() ->
     r
 }
 
-/// Writes every chip's trace events as one Chrome trace.
-fn write_trace(path: &std::path::Path, o: &Outcome) -> anyhow::Result<()> {
-    let doc = json!({ "traceEvents": o.events, "displayTimeUnit": "ns" });
-    std::fs::write(path, doc.to_string())
-        .with_context(|| format!("writing the trace to {}", path.display()))
+/// Writes every chip's trace events as one Chrome trace, and the task graph as Graphviz dot.
+fn write_trace(a: &RunArgs, o: &Outcome) -> anyhow::Result<()> {
+    if let Some(path) = &a.trace {
+        let doc = json!({ "traceEvents": o.events, "displayTimeUnit": "ns" });
+        std::fs::write(path, doc.to_string())
+            .with_context(|| format!("writing the trace to {}", path.display()))?;
+    }
+    if let Some(path) = &a.dag {
+        std::fs::write(path, dag_dot(&o.events))
+            .with_context(|| format!("writing the task graph to {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The task graph of a run's trace events in Graphviz dot: one cluster per chip (trace
+/// process), a node per task (its kernel), an edge per dependency.
+fn dag_dot(events: &[Value]) -> String {
+    use std::collections::BTreeMap;
+    use std::fmt::Write as _;
+    let mut names: BTreeMap<u64, String> = BTreeMap::new();
+    let mut tasks: BTreeMap<u64, BTreeMap<u64, (String, Vec<u64>)>> = BTreeMap::new();
+    for e in events {
+        let Some(pid) = e["pid"].as_u64() else {
+            continue;
+        };
+        if e["ph"] == "M" && e["name"] == "process_name" {
+            names.insert(pid, e["args"]["name"].as_str().unwrap_or("").to_string());
+        }
+        if e["ph"] != "X" || e["cat"] != "task" {
+            continue;
+        }
+        let (Some(task), Some(kernel)) = (e["args"]["task"].as_u64(), e["name"].as_str()) else {
+            continue;
+        };
+        let deps = e["args"]["deps"]
+            .as_array()
+            .map(|d| d.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default();
+        tasks
+            .entry(pid)
+            .or_default()
+            .entry(task)
+            .or_insert((kernel.to_string(), deps));
+    }
+    let mut s = String::from("digraph pto {\n  rankdir=LR;\n  node [shape=box];\n");
+    for (pid, ts) in &tasks {
+        let label = names
+            .get(pid)
+            .cloned()
+            .unwrap_or_else(|| format!("process {pid}"));
+        let _ = writeln!(s, "  subgraph cluster_{pid} {{\n    label={label:?};");
+        for (t, (k, _)) in ts {
+            let _ = writeln!(s, "    p{pid}_t{t} [label={:?}];", format!("#{t} {k}"));
+        }
+        for (t, (_, deps)) in ts {
+            for d in deps {
+                let _ = writeln!(s, "    p{pid}_t{d} -> p{pid}_t{t};");
+            }
+        }
+        s.push_str("  }\n");
+    }
+    s.push_str("}\n");
+    s
 }
 
 /// Prints verdicts: a text report, or one JSON object.
@@ -420,9 +474,7 @@ mod mpi {
         let result = body(&comm);
         if comm.rank() == 0 {
             let o = result?;
-            if let Some(path) = &a.trace {
-                write_trace(path, &o)?;
-            }
+            write_trace(a, &o)?;
             return Ok(Flow::Report(o));
         }
         // Rank 0 reports for everyone; the others say only how their own part went.
