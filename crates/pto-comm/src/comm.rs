@@ -201,6 +201,9 @@ impl Comm {
         let join = crate::check::Join::enter(self, &self.inner.key, "barrier");
         let w = self.world_ref();
         w.check_abort().inspect_err(|e| join.failed(e))?;
+        let _posted = self.post_wait(crate::world::Waiting::Barrier {
+            members: self.size() as u32,
+        });
         self.inner
             .io
             .barrier(self.rank(), self.size(), w.deadline(), || self.check())
@@ -208,7 +211,27 @@ impl Comm {
                 || format!("barrier of {} ranks", self.size()),
                 self.world_rank(),
             ))
+            .map_err(|e| self.with_wait_for_graph(e))
             .inspect_err(|e| join.failed(e))
+    }
+
+    /// Posts what this rank waits on to the world's wait board until the guard drops.
+    pub(crate) fn post_wait(&self, w: crate::world::Waiting) -> PostedWait<'_> {
+        let world = self.world_ref();
+        world.post_wait(self.world_rank(), Some(w));
+        PostedWait {
+            world,
+            rank: self.world_rank(),
+        }
+    }
+
+    /// A deadline's error with the wait-for graph of every rank appended.
+    pub(crate) fn with_wait_for_graph(&self, mut e: CommError) -> CommError {
+        if let CommError::Timeout { what, .. } = &mut e {
+            what.push_str("; ");
+            what.push_str(&self.world_ref().wait_for_graph());
+        }
+        e
     }
 
     /// A communicator over a subset of the world: `members` lists world ranks, and a member's
@@ -371,5 +394,17 @@ impl Comm {
     /// The deadline a wait started now should use (`PTO_WAIT_TIMEOUT_MS` by default).
     pub fn deadline(&self) -> std::time::Instant {
         self.world_ref().deadline()
+    }
+}
+
+/// Clears a rank's wait-board entry when dropped.
+pub(crate) struct PostedWait<'a> {
+    world: &'a crate::world::World,
+    rank: usize,
+}
+
+impl Drop for PostedWait<'_> {
+    fn drop(&mut self) {
+        self.world.post_wait(self.rank, None);
     }
 }

@@ -100,14 +100,26 @@ impl Window {
         if let (Some(c), Some(what)) = (&checker, &what) {
             c.wait_begin(comm.world_rank(), self.name(), offset, what.clone());
         }
+        let posted = comm.post_wait(crate::world::Waiting::Signal {
+            window: self.inner.seq,
+            offset: offset as u64,
+            value,
+        });
         let r = self
             .inner
             .io
             .wait(me, offset, reached, deadline, || comm.check())
             .map_err(wait_err(
-                || format!("signal wait at offset {offset} for >= {value}"),
+                || {
+                    format!(
+                        "signal wait at offset {offset} of window #{} for >= {value}",
+                        self.inner.seq
+                    )
+                },
                 comm.world_rank(),
-            ));
+            ))
+            .map_err(|e| comm.with_wait_for_graph(e));
+        drop(posted);
         if let Some(c) = &checker {
             c.wait_end(
                 comm.world_rank(),

@@ -10,6 +10,7 @@
 //! | 448 | abort message (256 bytes, written before the abort word) |
 //! | 704 | pair-barrier flags: two 64-byte lines `{arrivals: u32, sleepers: u32}` |
 //! | 832 | rank table: per rank `{pid: u32, state: u32, start: u64}` |
+//! | after it, 64-aligned | wait board: per rank `{kind: u32, value: u32, window: u64, offset: u64, since_ms: u64}`, what the rank waits on now (the wait-for graph a timeout reports) |
 //!
 //! See `docs/design/comm-windows.md`.
 
@@ -53,8 +54,31 @@ pub(crate) const RUNNING: u32 = 1;
 pub(crate) const EXITED: u32 = 2;
 pub(crate) const FAILED: u32 = 3;
 
+/// Bytes of one rank's wait-board entry.
+pub(crate) const WAIT_SLOT: usize = 32;
+const WAIT_NONE: u32 = 0;
+const WAIT_SIGNAL: u32 = 1;
+const WAIT_BARRIER: u32 = 2;
+
+fn off_waits(n: usize) -> usize {
+    (OFF_RANKS + n * RANK_SLOT).next_multiple_of(64)
+}
+
 fn world_len(n: usize) -> usize {
-    OFF_RANKS + n * RANK_SLOT
+    off_waits(n) + n * WAIT_SLOT
+}
+
+/// What a rank waits on, as its wait-board entry says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    /// A signal of window number `window` (its allocation sequence) at `offset`, `>= value`.
+    Signal {
+        window: u64,
+        offset: u64,
+        value: u32,
+    },
+    /// A barrier of `members` ranks.
+    Barrier { members: u32 },
 }
 
 /// Everything the ranks of one world share.
@@ -83,6 +107,107 @@ impl World {
 
     pub(crate) fn barrier(&self) -> &Barrier {
         self.seg.barrier(OFF_BARRIER)
+    }
+
+    /// Posts (or with `None` clears) what `rank` waits on, for the wait-for graph.
+    pub(crate) fn post_wait(&self, rank: usize, w: Option<Waiting>) {
+        if rank >= self.size {
+            return;
+        }
+        let off = off_waits(self.size) + rank * WAIT_SLOT;
+        let kind = self.seg.atomic_u32(off);
+        let Some(w) = w else {
+            kind.store(WAIT_NONE, Ordering::Release);
+            return;
+        };
+        let (k, value, window, offset) = match w {
+            Waiting::Signal {
+                window,
+                offset,
+                value,
+            } => (WAIT_SIGNAL, value, window, offset),
+            Waiting::Barrier { members } => (WAIT_BARRIER, members, 0, 0),
+        };
+        let since = pto_shm::process::monotonic_ns() / 1_000_000;
+        self.seg.atomic_u32(off + 4).store(value, Ordering::Relaxed);
+        self.seg
+            .atomic_u64(off + 8)
+            .store(window, Ordering::Relaxed);
+        self.seg
+            .atomic_u64(off + 16)
+            .store(offset, Ordering::Relaxed);
+        self.seg
+            .atomic_u64(off + 24)
+            .store(since, Ordering::Relaxed);
+        kind.store(k, Ordering::Release);
+    }
+
+    /// What `rank` waits on now, and since when (milliseconds on the monotonic clock).
+    pub(crate) fn waiting(&self, rank: usize) -> Option<(Waiting, u64)> {
+        if rank >= self.size {
+            return None;
+        }
+        let off = off_waits(self.size) + rank * WAIT_SLOT;
+        let k = self.seg.atomic_u32(off).load(Ordering::Acquire);
+        let value = self.seg.atomic_u32(off + 4).load(Ordering::Relaxed);
+        let window = self.seg.atomic_u64(off + 8).load(Ordering::Relaxed);
+        let offset = self.seg.atomic_u64(off + 16).load(Ordering::Relaxed);
+        let since = self.seg.atomic_u64(off + 24).load(Ordering::Relaxed);
+        let w = match k {
+            WAIT_SIGNAL => Waiting::Signal {
+                window,
+                offset,
+                value,
+            },
+            WAIT_BARRIER => Waiting::Barrier { members: value },
+            _ => return None,
+        };
+        Some((w, since))
+    }
+
+    /// The wait-for graph across the world's ranks, in words: what each rank waits on (or
+    /// that it runs, left or failed), and whether every live rank is waiting (a deadlock).
+    pub(crate) fn wait_for_graph(&self) -> String {
+        let now = pto_shm::process::monotonic_ns() / 1_000_000;
+        let mut parts = Vec::new();
+        let mut live = 0;
+        let mut waiting = 0;
+        for r in 0..self.size {
+            let state = self.slot(r).1.load(Ordering::Acquire);
+            let text = match (state, self.waiting(r)) {
+                (EXITED, _) => "has left".to_string(),
+                (FAILED, _) => "failed".to_string(),
+                (NOT_JOINED, _) => "never joined".to_string(),
+                (_, Some((w, since))) => {
+                    live += 1;
+                    waiting += 1;
+                    let age = now.saturating_sub(since);
+                    match w {
+                        Waiting::Signal {
+                            window,
+                            offset,
+                            value,
+                        } => format!(
+                            "waits on its signal at offset {offset} of window #{window} for >= {value} ({age} ms)"
+                        ),
+                        Waiting::Barrier { members } => {
+                            format!("waits in a barrier of {members} ranks ({age} ms)")
+                        }
+                    }
+                }
+                (_, None) => {
+                    live += 1;
+                    "is running (not in a wait)".to_string()
+                }
+            };
+            parts.push(format!("rank {r} {text}"));
+        }
+        let verdict = if live > 0 && waiting == live {
+            "; every live rank is waiting: a deadlock (or a notify nobody makes)"
+        } else {
+            ""
+        };
+        format!("wait-for graph: {}{verdict}", parts.join("; "))
     }
 
     /// Claims `rank`'s slot for this process.

@@ -317,3 +317,55 @@ fn a_signal_reused_across_a_barrier_without_being_raised_is_a_stale_signal_warni
         r.races
     );
 }
+
+#[test]
+fn without_the_checker_a_deadline_names_what_every_rank_waits_on() {
+    // No checker: the wait board in the world segment alone.
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let comms = pto_comm::local::comms_with_timeout(3, T).unwrap();
+    let results: Vec<Result<(), CommError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let w = window(&comm);
+                    let flag = off(&w, "flag", 0);
+                    match comm.rank() {
+                        // Rank 0 gives up first, while rank 1 still waits and rank 2 runs.
+                        0 => w
+                            .wait_until_deadline(
+                                flag,
+                                1,
+                                std::time::Instant::now() + Duration::from_millis(300),
+                            )
+                            .map(drop),
+                        1 => w
+                            .wait_until_deadline(
+                                flag,
+                                1,
+                                std::time::Instant::now() + Duration::from_secs(5),
+                            )
+                            .map(drop),
+                        _ => {
+                            std::thread::sleep(Duration::from_millis(600));
+                            Ok(())
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let Err(CommError::Timeout { what, .. }) = &results[0] else {
+        panic!("{results:?}");
+    };
+    assert!(
+        what.contains("wait-for graph: rank 0 waits on its signal at offset"),
+        "{what}"
+    );
+    assert!(
+        what.contains("rank 1 waits on its signal at offset"),
+        "{what}"
+    );
+    assert!(what.contains("rank 2 is running (not in a wait)"), "{what}");
+}

@@ -29,6 +29,8 @@ pub(crate) struct WindowInner {
     /// How peers' parts are reached (the backend boundary).
     pub(crate) io: WindowIo,
     name: String,
+    /// Its allocation number in its communicator (the wait board names windows by it).
+    pub(crate) seq: u64,
     size: usize,
     buffers: Vec<BufferRef>,
 }
@@ -141,6 +143,7 @@ impl Window {
                     comm: comm.clone(),
                     io,
                     name,
+                    seq,
                     size: spec.bytes,
                     buffers,
                 }),
@@ -187,6 +190,7 @@ impl Window {
                 comm: comm.clone(),
                 io: WindowIo::mapped(Mapping::from(seg), stride, spec.bytes),
                 name: name.clone(),
+                seq,
                 size: spec.bytes,
                 buffers,
             }),
@@ -493,6 +497,9 @@ impl Window {
     pub fn barrier(&self) -> Result<(), CommError> {
         let join = check::Join::enter(&self.inner.comm, &self.inner.name, "barrier");
         let comm = &self.inner.comm;
+        let _posted = comm.post_wait(crate::world::Waiting::Barrier {
+            members: comm.size() as u32,
+        });
         comm.world_ref()
             .check_abort()
             .inspect_err(|e| join.failed(e))?;
@@ -507,6 +514,7 @@ impl Window {
                 || format!("barrier of window {}", self.inner.name),
                 comm.world_rank(),
             ))
+            .map_err(|e| comm.with_wait_for_graph(e))
             .inspect_err(|e| join.failed(e))
     }
 
