@@ -57,12 +57,8 @@ impl Window {
         op: SignalOp,
     ) -> Result<(), CommError> {
         self.check_atomic("signal notify", rank, offset, 4)?;
-        if let Some(c) = crate::check::active() {
-            self.note(rank, offset, 4, crate::check::AccessKind::Atomic, "notify");
-            let comm = &self.inner.comm;
-            let t = comm.world_rank_of(rank).unwrap_or(rank);
-            c.release(comm.world_rank(), self.name(), t, offset);
-        }
+        self.note(rank, offset, 4, crate::check::AccessKind::Atomic, "notify");
+        self.released(rank, offset);
         self.inner
             .io
             .notify(rank, offset, value, op == SignalOp::Add)

@@ -310,6 +310,16 @@ impl Window {
         }
     }
 
+    /// Tells the checker (when one is installed) that this rank released what it did so far on
+    /// the word at `(target, off)` (a notify, or an atomic read-modify-write).
+    pub(crate) fn released(&self, target: usize, off: usize) {
+        if let Some(c) = check::active() {
+            let comm = &self.inner.comm;
+            let t = comm.world_rank_of(target).unwrap_or(target);
+            c.release(comm.world_rank(), &self.inner.name, t, off);
+        }
+    }
+
     /// The window's name (unique in its world).
     pub(crate) fn name(&self) -> &str {
         &self.inner.name
@@ -427,7 +437,11 @@ impl Window {
     pub fn fetch_add_u32(&self, rank: usize, offset: usize, v: u32) -> Result<u32, CommError> {
         self.check_atomic("atomic add (u32)", rank, offset, 4)?;
         self.note(rank, offset, 4, AccessKind::Atomic, "atomic add");
-        self.inner.io.fetch_add_u32(rank, offset, v)
+        // Acquire and release, as the operation is (it orders like a notify and a wait).
+        self.released(rank, offset);
+        let v = self.inner.io.fetch_add_u32(rank, offset, v)?;
+        self.acquired(rank, offset);
+        Ok(v)
     }
 
     /// Atomically adds `v` to the `u64` at `(rank, offset)`; returns the previous value.
@@ -438,7 +452,11 @@ impl Window {
     pub fn fetch_add_u64(&self, rank: usize, offset: usize, v: u64) -> Result<u64, CommError> {
         self.check_atomic("atomic add (u64)", rank, offset, 8)?;
         self.note(rank, offset, 8, AccessKind::Atomic, "atomic add");
-        self.inner.io.fetch_add_u64(rank, offset, v)
+        // Acquire and release, as the operation is (it orders like a notify and a wait).
+        self.released(rank, offset);
+        let v = self.inner.io.fetch_add_u64(rank, offset, v)?;
+        self.acquired(rank, offset);
+        Ok(v)
     }
 
     /// Atomically adds `v` to the `u64` at `(rank, offset)`.
