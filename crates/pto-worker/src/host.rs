@@ -27,6 +27,8 @@ pub(crate) struct ChildHandle {
     pub(crate) generation: Mutex<u64>,
     /// How it ended, once it is reaped.
     exit: Mutex<Option<ChildExit>>,
+    /// True once the Worker itself killed it (after recording why): its death is then no news.
+    pub(crate) killed: std::sync::atomic::AtomicBool,
 }
 
 impl ChildHandle {
@@ -40,6 +42,7 @@ impl ChildHandle {
             mailbox,
             generation: Mutex::new(0),
             exit: Mutex::new(None),
+            killed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -70,6 +73,7 @@ impl ChildHandle {
     pub(crate) fn kill(&self) {
         let e = self.exit.lock();
         if e.is_none() {
+            self.killed.store(true, Ordering::Release);
             pto_shm::process::kill(self.pid.pid);
         }
     }
@@ -244,10 +248,11 @@ impl HostState {
                 } else if past {
                     let f = ch.silence(ci, start.elapsed(), &format!("host task {task}"));
                     let m = f.to_string();
+                    // Recorded before the kill, so that the death it causes is no news.
+                    self.note_failure(f);
                     // It cannot be trusted with another frame: stop it (a stopped process
                     // takes SIGKILL too).
                     ch.kill();
-                    self.note_failure(f);
                     Err(m)
                 } else {
                     return true;

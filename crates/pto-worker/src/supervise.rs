@@ -233,6 +233,10 @@ pub(crate) fn spawn_watcher(state: Arc<HostState>) -> std::io::Result<std::threa
                     }
                     let Some(exit) = c.exit() else { continue };
                     noticed[i] = true;
+                    // The Worker killed it after recording why (a stopped or silent child).
+                    if c.killed.load(Ordering::Acquire) {
+                        continue;
+                    }
                     // Closing, or a signal is ending this process (it killed the child).
                     if state.closing.load(Ordering::Acquire) || pto_shm::cleanup::terminating() {
                         break;
