@@ -6,13 +6,17 @@
 //! write and not both atomic, that neither clock orders, are a race. See
 //! `docs/design/check.md`.
 //!
-//! One checker per process ([`Checker::install`]); ranks must be threads of this process (the
-//! `local` backend). Accesses of one rank are taken as ordered among themselves (the chip's
-//! borrow table already refuses conflicting tensor accesses of unordered tasks).
+//! Events are recorded as they happen, with a monotonic timestamp (one clock for every process
+//! of the host), and replayed in timestamp order when the report is made (`replay`): in memory
+//! when the ranks are threads ([`Checker::install`]), or in a file per process when they are
+//! processes forked after the checker was installed ([`Checker::install_files`]). Accesses of
+//! one rank are taken as ordered among themselves (the chip's borrow table already refuses
+//! conflicting tensor accesses of unordered tasks).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -23,9 +27,10 @@ use pto_core::KernelCtx;
 use crate::context::CommContext;
 use crate::window::BufferRef;
 
-type Clock = Vec<u32>;
-/// A joining point's published clocks (by member index) and how many members left it.
-type Slots = (Vec<Option<Clock>>, usize);
+mod log;
+mod replay;
+
+use log::{Ev, Sink};
 
 /// How an access touches memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,7 +59,7 @@ pub struct Access {
     /// The rank that made it.
     pub rank: usize,
     /// The operation (`put`, `get`, `notify`, `atomic add`, `kernel argument`...).
-    pub op: &'static str,
+    pub op: String,
     /// How it touches memory.
     pub kind: AccessKind,
     /// The task that made it, when a kernel did.
@@ -145,32 +150,14 @@ pub struct CheckReport {
     pub cycle: Vec<usize>,
 }
 
-struct Rec {
-    a: Access,
-    window: String,
-    abs: (usize, usize),
-    lo: Clock,
-    hi: Clock,
-}
-
+/// What the checker follows live (ranks that are threads of this process): joining points'
+/// sequence numbers, and who waits on what, for the wait-for graph.
 #[derive(Default)]
-struct State {
-    clocks: Vec<Clock>,
-    /// Per signal: the join of its notifiers' clocks, its last notifier, and that notifier's
-    /// epoch then (joining points it had passed).
-    signals: HashMap<(String, usize, usize), (Clock, Option<usize>)>,
-    signal_epochs: HashMap<(String, usize, usize), (usize, u64)>,
-    /// Per rank: joining points passed, and its clock when it left the last one.
-    epochs: HashMap<usize, (u64, Clock)>,
-    warnings: Vec<String>,
-    joins: HashMap<(String, u64), Slots>,
+struct Live {
     seqs: HashMap<(String, usize), u64>,
-    windows: HashMap<String, Vec<BufferRef>>,
-    buffers: HashMap<u64, (String, usize)>,
-    recs: Vec<Rec>,
-    edges: usize,
+    entered: HashMap<(String, u64), Vec<bool>>,
+    last_notifier: HashMap<String, usize>,
     waiting: HashMap<usize, (String, Vec<usize>)>,
-    /// Ranks in a joining point: its key, sequence number and members' world ranks.
     joining: HashMap<usize, (String, u64, Vec<usize>)>,
     blocked: Option<Vec<Blocked>>,
 }
@@ -178,7 +165,8 @@ struct State {
 /// The process's checker (see the module docs).
 pub struct Checker {
     n: usize,
-    state: Mutex<State>,
+    sink: Sink,
+    live: Mutex<Live>,
     /// Seeded perturbations (`pto check --schedules`): a pseudo-random pause before puts,
     /// notifies and kernels, from this seed and a per-rank counter.
     perturb: Option<(u64, Vec<std::sync::atomic::AtomicU64>)>,
@@ -194,11 +182,14 @@ static ON: AtomicBool = AtomicBool::new(false);
 static ACTIVE: RwLock<Option<Arc<Checker>>> = RwLock::new(None);
 
 thread_local! {
-    /// The task this thread runs (its id, kernel and world rank), set around kernels.
-    static TASK: RefCell<Option<(u64, String, usize)>> = const { RefCell::new(None) };
+    /// The task this thread runs (its id, kernel, world rank and start token), set around
+    /// kernels.
+    static TASK: RefCell<Option<(u64, String, usize, u64)>> = const { RefCell::new(None) };
     /// Inside a collective: its internal accesses are the runtime's, not recorded.
     static QUIET: RefCell<u32> = const { RefCell::new(0) };
 }
+
+static TOKENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// The installed checker, unless inside a collective.
 pub(crate) fn active() -> Option<Arc<Checker>> {
@@ -206,6 +197,11 @@ pub(crate) fn active() -> Option<Arc<Checker>> {
         return None;
     }
     ACTIVE.read().clone()
+}
+
+/// The key of the word at `(target, off)` of window `window`.
+fn word(window: &str, target: usize, off: usize) -> String {
+    format!("{window} {target} {off}")
 }
 
 struct Observer(Arc<Checker>);
@@ -216,93 +212,55 @@ impl KernelObserver for Observer {
             return;
         };
         let rank = c.comm().world_rank();
-        TASK.with(|t| {
-            *t.borrow_mut() = Some((ctx.task().get(), ctx.kernel_name().to_string(), rank));
-        });
         self.0.pause(rank);
-        let lo = self.0.clock(rank);
-        START.with(|s| *s.borrow_mut() = Some(lo));
+        let token = (u64::from(std::process::id()) << 32)
+            | TOKENS.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff;
+        TASK.with(|t| {
+            *t.borrow_mut() = Some((ctx.task().get(), ctx.kernel_name().to_string(), rank, token));
+        });
+        self.0.sink.push(|ts| Ev::Start { ts, rank, token });
     }
 
     fn kernel_end(&self, ctx: &KernelCtx<'_>, _ok: bool) {
-        let task = TASK.with(|t| t.borrow_mut().take());
-        let lo = START.with(|s| s.borrow_mut().take());
-        let (Some((id, kernel, rank)), Some(lo)) = (task, lo) else {
+        let Some((task, kernel, rank, token)) = TASK.with(|t| t.borrow_mut().take()) else {
             return;
         };
-        // Window tensors among the arguments: accessed somewhere between the kernel's start
-        // and its end.
-        let mut args = Vec::new();
+        let pid = std::process::id();
         for i in 0..ctx.num_tensors() {
             let (Ok(t), Ok(mode)) = (ctx.tensor(i), ctx.mode(i)) else {
                 continue;
             };
             let r = t.region();
             let size = r.dtype().size();
-            let start = r.offset() * size;
-            let end = (r.offset() + r.extent()) * size;
+            let off = r.offset() * size;
+            let len = r.extent() * size;
             let kind = if mode.writable() {
                 AccessKind::Write
             } else {
                 AccessKind::Read
             };
-            args.push((t.buffer().id(), start, end, kind));
-        }
-        if args.is_empty() {
-            return;
-        }
-        let mut st = self.0.state.lock();
-        let hi = st.clocks[rank].clone();
-        for (buf, start, end, kind) in args {
-            let Some((window, target)) = st.buffers.get(&buf).cloned() else {
-                continue;
-            };
-            let a = Access {
+            let buffer = t.buffer().id();
+            let kernel = kernel.clone();
+            // Arguments that are not window memory are dropped by the replay.
+            self.0.sink.push(|ts| Ev::Arg {
+                ts,
                 rank,
-                op: "kernel argument",
+                token,
+                pid,
+                buffer,
+                off,
+                len,
                 kind,
-                task: Some(id),
-                kernel: Some(kernel.clone()),
-                target,
-                buffer: None,
-                range: (start, end),
-            };
-            push(&mut st, a, &window, lo.clone(), hi.clone());
+                task,
+                kernel,
+            });
         }
-    }
-}
-
-thread_local! {
-    static START: RefCell<Option<Clock>> = const { RefCell::new(None) };
-}
-
-fn push(st: &mut State, mut a: Access, window: &str, lo: Clock, hi: Clock) {
-    let abs = a.range;
-    if let Some(b) = st.windows.get(window).and_then(|bs| {
-        bs.iter()
-            .find(|b| abs.0 >= b.offset && abs.0 < b.offset + b.bytes.max(1))
-    }) {
-        a.buffer = Some(b.name.clone());
-        a.range = (abs.0 - b.offset, abs.1 - b.offset);
-    }
-    st.recs.push(Rec {
-        a,
-        window: window.to_string(),
-        abs,
-        lo,
-        hi,
-    });
-}
-
-fn join_into(dst: &mut Clock, src: &Clock) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = (*d).max(*s);
     }
 }
 
 impl Checker {
-    /// Installs a checker for a job of `ranks` ranks in this process (replacing any other),
-    /// and its observer of kernels.
+    /// Installs a checker for a job of `ranks` ranks that are threads of this process
+    /// (replacing any other), and its observer of kernels.
     pub fn install(ranks: usize) -> Arc<Checker> {
         Checker::install_perturbed(ranks, None)
     }
@@ -311,19 +269,29 @@ impl Checker {
     /// kernel, a rank pauses for a pseudo-random 0-200 µs (or not at all), drawn from `seed`,
     /// the rank and how many such points it passed, so that other interleavings show.
     pub fn install_perturbed(ranks: usize, seed: Option<u64>) -> Arc<Checker> {
+        Checker::install_with(ranks, seed, Sink::Memory(Mutex::new(Vec::new())))
+    }
+
+    /// Installs a checker for a job whose ranks are processes forked from this one after this
+    /// call (the Worker's chips): every process appends its events to its own file in `dir`,
+    /// and [`Checker::report`] reads them all.
+    pub fn install_files(ranks: usize, seed: Option<u64>, dir: PathBuf) -> Arc<Checker> {
+        Checker::install_with(
+            ranks,
+            seed,
+            Sink::Files {
+                dir,
+                file: Mutex::new(None),
+            },
+        )
+    }
+
+    fn install_with(ranks: usize, seed: Option<u64>, sink: Sink) -> Arc<Checker> {
         let c = Arc::new(Checker {
             perturb: seed.map(|s| (s, (0..ranks).map(|_| Default::default()).collect())),
             n: ranks,
-            state: Mutex::new(State {
-                clocks: (0..ranks)
-                    .map(|r| {
-                        let mut v = vec![0; ranks];
-                        v[r] = 1;
-                        v
-                    })
-                    .collect(),
-                ..State::default()
-            }),
+            sink,
+            live: Mutex::new(Live::default()),
         });
         *ACTIVE.write() = Some(c.clone());
         pto_core::observe::set_observer(Some(Arc::new(Observer(c.clone()))));
@@ -366,25 +334,26 @@ impl Checker {
         }
     }
 
-    fn clock(&self, rank: usize) -> Clock {
-        let st = self.state.lock();
-        st.clocks.get(rank).cloned().unwrap_or_default()
-    }
-
     /// A window's buffers, to name accesses.
     pub(crate) fn window(&self, name: &str, buffers: &[BufferRef]) {
-        self.state
-            .lock()
-            .windows
-            .insert(name.to_string(), buffers.to_vec());
+        let buffers = buffers
+            .iter()
+            .map(|b| (b.name.clone(), b.offset, b.bytes))
+            .collect();
+        let name = name.to_string();
+        self.sink.push(|_| Ev::Window { name, buffers });
     }
 
     /// A buffer id that is `rank`'s part of window `name` (tensors over it are window memory).
     pub(crate) fn buffer(&self, id: u64, name: &str, rank: usize) {
-        self.state
-            .lock()
-            .buffers
-            .insert(id, (name.to_string(), rank));
+        let window = name.to_string();
+        let pid = std::process::id();
+        self.sink.push(|_| Ev::Buffer {
+            pid,
+            id,
+            window,
+            rank,
+        });
     }
 
     /// An access by `rank` to `target`'s part of window `window`, bytes `[off, off + len)`
@@ -406,150 +375,117 @@ impl Checker {
             self.pause(rank);
         }
         let (task, kernel) = TASK.with(|t| match &*t.borrow() {
-            Some((id, k, r)) if *r == rank => (Some(*id), Some(k.clone())),
+            Some((id, k, r, _)) if *r == rank => (Some(*id), Some(k.clone())),
             _ => (None, None),
         });
-        let mut st = self.state.lock();
-        let now = st.clocks[rank].clone();
-        let a = Access {
+        let window = window.to_string();
+        self.sink.push(|ts| Ev::Access {
+            ts,
             rank,
-            op,
+            window,
+            target,
+            off,
+            len,
             kind,
+            op: op.to_string(),
             task,
             kernel,
-            target,
-            buffer: None,
-            range: (off, off + len),
-        };
-        push(&mut st, a, window, now.clone(), now);
+        });
     }
 
-    /// A release on the signal at `(target, off)` of `window` by `rank` (a notify): its clock
-    /// joins the signal's, then its own epoch advances.
+    /// A release on the word at `(target, off)` of `window` by `rank` (a notify, an atomic
+    /// add).
     pub(crate) fn release(&self, rank: usize, window: &str, target: usize, off: usize) {
         if !self.ok(rank) {
             return;
         }
-        let mut st = self.state.lock();
-        let mine = st.clocks[rank].clone();
-        let e = st
-            .signals
-            .entry((window.to_string(), target, off))
-            .or_insert_with(|| (vec![0; self.n], None));
-        join_into(&mut e.0, &mine);
-        e.1 = Some(rank);
-        let epoch = st.epochs.get(&rank).map_or(0, |e| e.0);
-        st.signal_epochs
-            .insert((window.to_string(), target, off), (rank, epoch));
-        st.clocks[rank][rank] += 1;
+        let key = word(window, target, off);
+        self.live.lock().last_notifier.insert(key.clone(), rank);
+        self.sink.push(|ts| Ev::Release { ts, rank, key });
     }
 
-    /// A wait by `rank` on its signal at `off` of `window` (named `what`) was satisfied: it
-    /// acquires; a value whose every notify came before the rank's current epoch began is
-    /// reported as a stale signal.
+    /// A wait by `rank` on its signal at `off` of `window` (named `what`) was satisfied.
     pub(crate) fn acquire_wait(&self, rank: usize, window: &str, off: usize, what: &str) {
         if !self.ok(rank) {
             return;
         }
-        let key = (window.to_string(), rank, off);
-        {
-            let mut st = self.state.lock();
-            if let (Some((c, _)), Some((epoch, at))) = (st.signals.get(&key), st.epochs.get(&rank))
-            {
-                if *epoch > 0 && c.iter().zip(at).all(|(x, y)| x <= y) {
-                    let (by, then) = st.signal_epochs.get(&key).copied().unwrap_or((rank, 0));
-                    let w = format!(
-                        "rank {rank}'s wait on {what} in its epoch {epoch} was satisfied by a value from epoch {then} (last notified by rank {by}, before the barrier or collective that began epoch {epoch}): a signal reused without being reset or raised"
-                    );
-                    if !st.warnings.contains(&w) {
-                        st.warnings.push(w);
-                    }
-                }
-            }
-        }
-        self.acquire(rank, window, rank, off);
+        let key = word(window, rank, off);
+        let what = what.to_string();
+        self.sink.push(|ts| Ev::Wait {
+            ts,
+            rank,
+            key,
+            what,
+        });
     }
 
-    /// An acquire by `rank` of the signal at `(target, off)` of `window` (a wait, test, load
-    /// or condition that saw its value).
+    /// An acquire by `rank` of the word at `(target, off)` of `window` (a load or atomic add
+    /// that saw its value).
     pub(crate) fn acquire(&self, rank: usize, window: &str, target: usize, off: usize) {
         if !self.ok(rank) {
             return;
         }
-        let mut st = self.state.lock();
-        if let Some((c, _)) = st.signals.get(&(window.to_string(), target, off)).cloned() {
-            join_into(&mut st.clocks[rank], &c);
-            st.edges += 1;
-        }
+        let key = word(window, target, off);
+        self.sink.push(|ts| Ev::Acquire { ts, rank, key });
     }
 
-    /// `rank` enters a joining point (a barrier or a collective) of the `members` of the
-    /// communicator `key`: everything before it happens before every member's leaving.
-    /// Returns the point's sequence number for [`Checker::leave`].
+    /// `rank` enters a joining point (a barrier or a collective) of the `members` (world
+    /// ranks) of the communicator `key`, as member `idx`. Returns its sequence number.
     pub(crate) fn enter(&self, rank: usize, key: &str, members: &[usize], idx: usize) -> u64 {
         if !self.ok(rank) {
             return 0;
         }
-        let mut st = self.state.lock();
         let seq = {
-            let s = st.seqs.entry((key.to_string(), rank)).or_insert(0);
+            let mut live = self.live.lock();
+            let s = live.seqs.entry((key.to_string(), rank)).or_insert(0);
             *s += 1;
-            *s
+            let seq = *s;
+            let e = live
+                .entered
+                .entry((key.to_string(), seq))
+                .or_insert_with(|| vec![false; members.len()]);
+            if let Some(x) = e.get_mut(idx) {
+                *x = true;
+            }
+            live.joining
+                .insert(rank, (key.to_string(), seq, members.to_vec()));
+            seq
         };
-        let mine = st.clocks[rank].clone();
-        let e = st
-            .joins
-            .entry((key.to_string(), seq))
-            .or_insert_with(|| (vec![None; members.len()], 0));
-        if let Some(slot) = e.0.get_mut(idx) {
-            *slot = Some(mine);
-        }
-        st.clocks[rank][rank] += 1;
-        st.joining
-            .insert(rank, (key.to_string(), seq, members.to_vec()));
+        let (key, members) = (key.to_string(), members.len());
+        self.sink.push(|ts| Ev::Enter {
+            ts,
+            rank,
+            key,
+            seq,
+            idx,
+            members,
+        });
         seq
     }
 
-    /// `rank` leaves joining point `seq` of `key`: it knows what every member that entered did.
+    /// `rank` leaves joining point `seq` of `key`.
     pub(crate) fn leave(&self, rank: usize, key: &str, seq: u64) {
         if !self.ok(rank) {
             return;
         }
-        let mut st = self.state.lock();
-        st.joining.remove(&rank);
-        let k = (key.to_string(), seq);
-        let Some((slots, left)) = st.joins.get(&k).cloned() else {
-            return;
-        };
-        let mut mine = st.clocks[rank].clone();
-        for c in slots.iter().flatten() {
-            join_into(&mut mine, c);
-        }
-        st.clocks[rank] = mine.clone();
-        st.edges += 1;
-        let n = st.epochs.get(&rank).map_or(0, |e| e.0) + 1;
-        st.epochs.insert(rank, (n, mine));
-        // What this rank does from now on is after the epoch began.
-        st.clocks[rank][rank] += 1;
-        if left + 1 >= slots.len() {
-            st.joins.remove(&k);
-        } else if let Some(e) = st.joins.get_mut(&k) {
-            e.1 += 1;
-        }
+        self.live.lock().joining.remove(&rank);
+        let key = key.to_string();
+        self.sink.push(|ts| Ev::Leave { ts, rank, key, seq });
     }
 
-    /// `rank` starts waiting on the signal at `off` of `window` for `wanted`.
+    /// `rank` starts waiting on the signal at `off` of `window` (`what` names it).
     pub(crate) fn wait_begin(&self, rank: usize, window: &str, off: usize, what: String) {
         if !self.ok(rank) {
             return;
         }
-        let mut st = self.state.lock();
-        let last = st
-            .signals
-            .get(&(window.to_string(), rank, off))
-            .and_then(|s| s.1);
-        let on: Vec<usize> = last.into_iter().collect();
-        st.waiting.insert(rank, (what, on));
+        let mut live = self.live.lock();
+        let on: Vec<usize> = live
+            .last_notifier
+            .get(&word(window, rank, off))
+            .copied()
+            .into_iter()
+            .collect();
+        live.waiting.insert(rank, (what, on));
     }
 
     /// `rank` stopped waiting; `stalled` when its deadline passed or a peer left or died (the
@@ -561,18 +497,18 @@ impl Checker {
         if stalled {
             self.snapshot();
         }
-        self.state.lock().waiting.remove(&rank);
+        self.live.lock().waiting.remove(&rank);
     }
 
-    /// Takes the wait-for graph (the first time a deadline passes): every rank in a signal
-    /// wait, what it waits on and who last notified it; every rank in a barrier or
-    /// collective, and the members that have not arrived.
+    /// Takes the wait-for graph (the first time a deadline passes) of the ranks this process
+    /// sees: every rank in a signal wait, what it waits on and who last notified it; every rank
+    /// in a barrier or collective, and the members that have not arrived.
     pub(crate) fn snapshot(&self) {
-        let mut st = self.state.lock();
-        if st.blocked.is_some() {
+        let mut live = self.live.lock();
+        if live.blocked.is_some() {
             return;
         }
-        let mut b: Vec<Blocked> = st
+        let mut b: Vec<Blocked> = live
             .waiting
             .iter()
             .map(|(r, (what, on))| Blocked {
@@ -581,15 +517,14 @@ impl Checker {
                 on: on.clone(),
             })
             .collect();
-        for (r, (key, seq, members)) in &st.joining {
-            let missing: Vec<usize> = st
-                .joins
+        for (r, (key, seq, members)) in &live.joining {
+            let missing: Vec<usize> = live
+                .entered
                 .get(&(key.clone(), *seq))
-                .map(|(slots, _)| {
-                    slots
-                        .iter()
+                .map(|e| {
+                    e.iter()
                         .zip(members)
-                        .filter(|(s, _)| s.is_none())
+                        .filter(|(x, _)| !**x)
                         .map(|(_, m)| *m)
                         .collect()
                 })
@@ -602,43 +537,19 @@ impl Checker {
             });
         }
         b.sort_by_key(|x| x.rank);
-        st.blocked = Some(b);
+        live.blocked = Some(b);
     }
 
-    /// What the run found so far.
+    /// What the run found so far (for processes: what their files hold).
     pub fn report(&self) -> CheckReport {
-        let st = self.state.lock();
-        let mut races = Vec::new();
-        let mut by: HashMap<(&str, usize), Vec<&Rec>> = HashMap::new();
-        for r in &st.recs {
-            by.entry((r.window.as_str(), r.a.target))
-                .or_default()
-                .push(r);
-        }
-        let mut keys: Vec<_> = by.keys().copied().collect();
-        keys.sort();
-        for k in keys {
-            let recs = &by[&k];
-            for (i, x) in recs.iter().enumerate() {
-                for y in &recs[i + 1..] {
-                    if conflict(x, y) && unordered(x, y) {
-                        races.push(Race {
-                            window: x.window.clone(),
-                            first: x.a.clone(),
-                            second: y.a.clone(),
-                            advice: advice(&x.a, &y.a),
-                        });
-                    }
-                }
-            }
-        }
-        let blocked = st.blocked.clone().unwrap_or_default();
+        let found = replay::replay(self.n, self.sink.events());
+        let blocked = self.live.lock().blocked.clone().unwrap_or_default();
         let cycle = cycle(&blocked);
         CheckReport {
-            races,
-            warnings: st.warnings.clone(),
-            accesses: st.recs.len(),
-            edges: st.edges,
+            races: found.races,
+            warnings: found.warnings,
+            accesses: found.accesses,
+            edges: found.edges,
             blocked,
             cycle,
         }
@@ -652,39 +563,6 @@ pub(crate) fn stalled(e: &crate::error::CommError) -> bool {
         e,
         E::Timeout { .. } | E::PeerGone { .. } | E::PeerDied { .. }
     )
-}
-
-fn conflict(x: &Rec, y: &Rec) -> bool {
-    let overlap = x.abs.0 < y.abs.1 && y.abs.0 < x.abs.1;
-    let atomic = |r: &Rec| r.a.kind == AccessKind::Atomic;
-    let writes = |r: &Rec| r.a.kind != AccessKind::Read;
-    overlap && x.a.rank != y.a.rank && !(atomic(x) && atomic(y)) && (writes(x) || writes(y))
-}
-
-/// Neither access can be ordered before the other: `x` (somewhere in `[lo, hi]`) is before
-/// `y` when its earliest point is known to `y`'s latest.
-fn unordered(x: &Rec, y: &Rec) -> bool {
-    let before = |a: &Rec, b: &Rec| a.lo[a.a.rank] <= b.hi[a.a.rank];
-    !before(x, y) && !before(y, x)
-}
-
-fn advice(x: &Access, y: &Access) -> String {
-    let (w, other) = if x.kind != AccessKind::Read {
-        (x, y)
-    } else {
-        (y, x)
-    };
-    if w.rank != w.target && other.rank == w.target {
-        format!(
-            "rank {} does not wait on a signal that rank {} notified after its {} (notify -> wait), and no barrier or collective separates them",
-            other.rank, w.rank, w.op
-        )
-    } else {
-        format!(
-            "order them with a notify -> wait on a signal between ranks {} and {}, a barrier or a collective",
-            x.rank, y.rank
-        )
-    }
 }
 
 fn cycle(blocked: &[Blocked]) -> Vec<usize> {
