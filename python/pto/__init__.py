@@ -226,6 +226,9 @@ class Worker:
         timeout: seconds any wait may take before it fails (above 0, at most 1e9).
         kernels: Python kernels (made by :func:`kernel`) that chip programs may run by name,
             beside the built-in kernels and those of loaded plugins (:func:`load_plugin`).
+        check: run every chip under the happens-before checker (``pto check``):
+            :meth:`check_report` lists the races between chips' window accesses that no
+            notify -> wait, barrier or collective orders. One checked Worker at a time.
 
     Bad arguments raise :class:`TypeError` (a wrong type) or :class:`ValueError` (out of
     range) naming the argument and what it may be, here and in every method; failures of the
@@ -243,6 +246,7 @@ class Worker:
         subs: Optional[Dict[str, Callable[..., Any]]] = None,
         timeout: Optional[float] = None,
         kernels: Optional[Sequence[Union[Kernel, Callable[..., Any]]]] = None,
+        check: bool = False,
     ) -> None:
         try:
             self._w = _native.Worker(
@@ -255,6 +259,7 @@ class Worker:
                 subs,
                 timeout,
                 _kernel_specs(kernels),
+                check,
             )
         except WorkerError as e:
             if "before any thread starts" in str(e):
@@ -300,6 +305,12 @@ class Worker:
         if trace is not None and not isinstance(trace, (str, bytes, _os.PathLike)):
             raise TypeError(f"trace must be a path (str or os.PathLike), not {type(trace).__name__}")
         return self._w.run(orch_fn, args, None if trace is None else _os.fsdecode(trace))
+
+    def check_report(self) -> Dict[str, Any]:
+        """With ``check=True``: ``{"races": [...], "warnings": [...], "accesses": n, "edges": n}``
+        for the runs so far; each race names both accesses (rank, task, kernel, operation, buffer
+        and byte range) and what would order them."""
+        return self._w.check_report()
 
     def chip_context(self, chip: int) -> Dict[str, Any]:
         """Chip ``chip``'s rank, size, window bytes and buffers ``(name, dtype, count, offset)``."""

@@ -179,3 +179,43 @@ def test_bad_plugins_raise_naming_the_file(tmp_path):
             print("OK")
     """)
     assert code == 0 and "OK" in out, out
+
+
+@pto.kernel
+def put_then_wait(ctx, out):
+    r, n = ctx.rank, ctx.size
+    ctx.put((r + 1) % n, "inbox", 0, np.full(4, float(r), dtype=np.float32))
+    ctx.notify((r + 1) % n, "flag", 0, 1)
+    ctx.wait_until("flag", 0, 1)
+    got = np.zeros(4, dtype=np.float32)
+    ctx.get(r, "inbox", 0, got)
+    out[:] = got
+
+
+def test_check_true_finds_the_race_between_python_kernels_and_not_in_the_fixed_one():
+    buffers = [("inbox", "float32", 4), ("flag", "uint32", 1)]
+    with pto.Worker(chips=2, cores=(1, 2), buffers=buffers, kernels=[put_then_wait], check=True) as w:
+        out = w.buffer((2, 4))
+        w.run(lambda h, _: [h.submit_chip(c, "put_then_wait", [pto.OUT(out[c])]) for c in range(2)])
+        r = w.check_report()
+        assert r["races"] == [] and r["accesses"] > 0, r
+    # A window view read (ctx.window) is not recorded; a get is: read own inbox before waiting.
+    @pto.kernel(name="racy_get")
+    def racy_get(ctx, out):
+        r, n = ctx.rank, ctx.size
+        ctx.put((r + 1) % n, "inbox", 0, np.full(4, float(r), dtype=np.float32))
+        ctx.notify((r + 1) % n, "flag", 0, 1)
+        got = np.zeros(4, dtype=np.float32)
+        ctx.get(r, "inbox", 0, got)
+        ctx.wait_until("flag", 0, 1)
+        out[:] = got
+
+    with pto.Worker(chips=2, cores=(1, 2), buffers=buffers, kernels=[racy_get], check=True) as w:
+        out = w.buffer((2, 4))
+        w.run(lambda h, _: [h.submit_chip(c, "racy_get", [pto.OUT(out[c])]) for c in range(2)])
+        r = w.check_report()
+        assert len(r["races"]) == 2, r
+        assert "`inbox[0..16)`" in r["races"][0] and "`racy_get`" in r["races"][0], r
+    with pytest.raises(ValueError, match="without check=True"):
+        with pto.Worker() as w:
+            w.check_report()

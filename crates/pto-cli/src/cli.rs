@@ -67,7 +67,8 @@ pub struct CheckArgs {
     /// Ranks, 1 to 1024.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=pto_comm::MAX_RANKS as u64).map(|v| v as usize))]
     pub ranks: usize,
-    /// Where the ranks run: the checker needs them as threads of one process (local).
+    /// Where the ranks run: threads of this process (local) or processes through the Worker
+    /// (shm).
     #[arg(long, value_enum, default_value = "local")]
     pub backend: BackendArg,
     /// Problem size, in the example's own unit.

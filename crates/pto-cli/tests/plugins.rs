@@ -201,17 +201,28 @@ fn pto_check_reports_a_plugins_race_and_passes_its_ordered_twin() {
 }
 
 #[test]
-fn pto_check_passes_the_examples_and_refuses_processes() {
-    for ex in [
-        "deferred_notify",
-        "allreduce_distributed",
-        "ffn_tp_parallel",
-    ] {
-        let o = in_private_shm(&format!("\"$PTO\" check {ex} --ranks 4 --schedules 3"));
-        assert_eq!(o.code, Some(0), "{ex}: {}\n{}", o.out, o.err);
-        assert!(o.out.contains("0 of 3 schedules failed"), "{}", o.out);
+fn pto_check_passes_the_examples_on_threads_and_processes() {
+    for backend in ["local", "shm"] {
+        for ex in [
+            "deferred_notify",
+            "allreduce_distributed",
+            "ffn_tp_parallel",
+        ] {
+            let o = in_private_shm(&format!(
+                "\"$PTO\" check {ex} --ranks 4 --backend {backend} --schedules 3"
+            ));
+            assert_eq!(o.code, Some(0), "{ex} {backend}: {}\n{}", o.out, o.err);
+            assert!(o.out.contains("0 of 3 schedules failed"), "{}", o.out);
+        }
     }
-    let o = in_private_shm("\"$PTO\" check deferred_notify --ranks 2 --backend shm");
+    // On processes too, a race is found (each process's records, replayed together).
+    let p = build_plugin("crates/pto-cli/tests/plugins/cases.c", &[]);
+    let o = in_private_shm(&format!(
+        "\"$PTO\" check --plugin '{}' racy --ranks 3 --backend shm --json",
+        p.path.display()
+    ));
+    assert_eq!(o.code, Some(5), "{}\n{}", o.out, o.err);
+    let o = in_private_shm("\"$PTO\" check deferred_notify --ranks 2 --backend mpi");
     assert_eq!(o.code, Some(2), "{}\n{}", o.out, o.err);
-    assert!(o.err.contains("--backend local"), "{}", o.err);
+    assert!(o.err.contains("--backend local or shm"), "{}", o.err);
 }

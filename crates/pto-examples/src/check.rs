@@ -2,6 +2,8 @@
 //! ([`pto_comm::check`]): its ranks as threads of this process (the checker sees every rank's
 //! clock), the run's own verdict, and the races and the wait-for graph the checker found.
 
+use std::sync::Arc;
+
 use pto_comm::check::{CheckReport, Checker};
 use pto_comm::Backend;
 use pto_plugin::Plugin;
@@ -17,19 +19,52 @@ pub struct Checked {
     pub report: CheckReport,
 }
 
-fn local_only(args: &RunArgs) -> Result<(), ExampleError> {
-    if args.backend != Backend::Local {
-        return Err(ExampleError::Args(format!(
-            "pto check runs the ranks as threads of one process (--backend local), where the \
-             checker sees every rank; --backend {} is not supported by the checker yet",
-            args.backend.name()
-        )));
+/// The checker for a run on `args.backend` of `n` ranks: in memory for threads, in a file per
+/// process (in a fresh folder, removed by [`Files`]' drop) for processes.
+fn install(
+    args: &RunArgs,
+    n: usize,
+    seed: Option<u64>,
+) -> Result<(Arc<Checker>, Files), ExampleError> {
+    match args.backend {
+        Backend::Local => Ok((Checker::install_perturbed(n, seed), Files(None))),
+        Backend::Shm => {
+            let dir = std::env::temp_dir().join(format!(
+                "pto-check-{}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).map_err(|e| {
+                ExampleError::Args(format!("pto check: cannot create {}: {e}", dir.display()))
+            })?;
+            Ok((
+                Checker::install_files(n, seed, dir.clone()),
+                Files(Some(dir)),
+            ))
+        }
+        Backend::Mpi => Err(ExampleError::Args(
+            "pto check runs the ranks on this host (--backend local or shm); under MPI the \
+             checker would need every host's records"
+                .into(),
+        )),
     }
-    Ok(())
 }
 
-/// Runs `ex` on `n` ranks (threads) under the checker. Only one checked run at a time per
-/// process (the checker is process-wide).
+static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The folder of a checked run's per-process records, removed when dropped.
+struct Files(Option<std::path::PathBuf>);
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// Runs `ex` on `n` ranks under the checker: threads (`local`), or processes through the
+/// Worker (`shm`). Only one checked run at a time per process (the checker is process-wide).
 ///
 /// # Errors
 ///
@@ -49,31 +84,26 @@ pub fn example_seeded(
     n: usize,
     seed: Option<u64>,
 ) -> Result<Checked, ExampleError> {
-    local_only(args)?;
     ex.check_args(args, n)?;
-    let Some(body) = ex.ranks else {
-        if ex.worker.is_some() {
-            return Err(ExampleError::Args(format!(
-                "{} runs only through the Worker (processes): the checker needs ranks as threads",
-                ex.name
-            )));
-        }
-        if n != 1 {
-            return Err(ExampleError::Args(format!(
-                "{} runs on one chip; --ranks must be 1",
-                ex.name
-            )));
-        }
-        let c = Checker::install_perturbed(1, seed);
-        let run = (ex.run)(args);
-        Checker::uninstall();
-        return Ok(Checked {
-            run,
-            report: c.report(),
-        });
+    let single = ex.ranks.is_none() && ex.worker.is_none();
+    if single && n != 1 {
+        return Err(ExampleError::Args(format!(
+            "{} runs on one chip; --ranks must be 1",
+            ex.name
+        )));
+    }
+    if args.backend == Backend::Local && !single && ex.ranks.is_none() {
+        return Err(ExampleError::Args(format!(
+            "{} runs only through the Worker (processes): use --backend shm",
+            ex.name
+        )));
+    }
+    let (c, _files) = install(args, n, seed)?;
+    let run = if single {
+        (ex.run)(args)
+    } else {
+        dist::run(ex, args, n)
     };
-    let c = Checker::install_perturbed(n, seed);
-    let run = dist::run_local(ex, body, args, n);
     Checker::uninstall();
     Ok(Checked {
         run,
@@ -81,7 +111,7 @@ pub fn example_seeded(
     })
 }
 
-/// Runs plugin program `program` on `n` ranks (threads) under the checker, on a perturbed
+/// Runs plugin program `program` on `n` ranks (threads or processes) under the checker, on a perturbed
 /// schedule drawn from `seed` when given.
 ///
 /// # Errors
@@ -94,8 +124,7 @@ pub fn plugin(
     n: usize,
     seed: Option<u64>,
 ) -> Result<Checked, ExampleError> {
-    local_only(args)?;
-    let c = Checker::install_perturbed(n, seed);
+    let (c, _files) = install(args, n, seed)?;
     let run = crate::plugin::run(plugin, program, args, n);
     Checker::uninstall();
     Ok(Checked {

@@ -23,22 +23,32 @@ fn run(name: &'static str, backend: Backend, ranks: usize) -> Result<(), Failed>
     }
 }
 
-/// Under the happens-before checker, unperturbed and on 20 perturbed schedules: every run
-/// passes and nothing is reported.
-fn checked(name: &'static str, ranks: usize) -> Result<(), Failed> {
-    for seed in std::iter::once(None).chain((0..20).map(Some)) {
-        checked_once(name, ranks, seed).map_err(|e| format!("seed {seed:?}: {e}"))?;
+/// Under the happens-before checker, unperturbed and on `schedules` perturbed schedules:
+/// every run passes and nothing is reported.
+fn checked(
+    name: &'static str,
+    backend: Backend,
+    ranks: usize,
+    schedules: u64,
+) -> Result<(), Failed> {
+    for seed in std::iter::once(None).chain((0..schedules).map(Some)) {
+        checked_once(name, backend, ranks, seed).map_err(|e| format!("seed {seed:?}: {e}"))?;
     }
     Ok(())
 }
 
-fn checked_once(name: &'static str, ranks: usize, seed: Option<u64>) -> Result<(), String> {
+fn checked_once(
+    name: &'static str,
+    backend: Backend,
+    ranks: usize,
+    seed: Option<u64>,
+) -> Result<(), String> {
     let ex = pto_examples::find(name).ok_or("no such example")?;
     let args = RunArgs {
         size: None,
         trace: false,
         cores: (1, 2),
-        backend: Backend::Local,
+        backend,
         on_child_exit: None,
     };
     let c =
@@ -78,14 +88,26 @@ fn main() {
             }
         }
     }
-    // No false reports: every example with a rank body under `pto check`.
-    for ex in EXAMPLES.iter().filter(|e| e.ranks.is_some()) {
+    // No false reports: every distributed example under `pto check`, on threads with 20
+    // perturbed schedules, on processes (the Worker) with 5.
+    for ex in EXAMPLES
+        .iter()
+        .filter(|e| e.ranks.is_some() || e.worker.is_some())
+    {
         let name = ex.name;
         for n in [1, 2, 3, 4, 8] {
-            trials.push(Trial::test(
-                format!("{name}_checked_{n}_ranks"),
-                move || checked(name, n),
-            ));
+            if ex.ranks.is_some() {
+                trials.push(Trial::test(
+                    format!("{name}_checked_local_{n}_ranks"),
+                    move || checked(name, Backend::Local, n, 20),
+                ));
+            }
+            if ex.worker.is_some() {
+                trials.push(Trial::test(
+                    format!("{name}_checked_shm_{n}_ranks"),
+                    move || checked(name, Backend::Shm, n, 5),
+                ));
+            }
         }
     }
     libtest_mimic::run(&args, trials).exit();

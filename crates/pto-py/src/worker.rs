@@ -34,6 +34,9 @@ pub(crate) struct Worker {
     /// The process that created it: a forked child (`os.fork`, multiprocessing) must neither
     /// run it nor close it, which would end the parent's children and remove its memory.
     pid: u32,
+    /// With `check=True`: the happens-before checker (every chip appends its records to a file
+    /// in the folder) and the folder.
+    check: Option<(Arc<pto_comm::check::Checker>, PathBuf)>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -110,6 +113,10 @@ fn cores_arg(obj: &Bound<'_, PyAny>) -> PyResult<(u32, u32)> {
         ));
     }
     Ok((aic as u32, aiv as u32))
+}
+
+fn check_arg(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    boolean(obj, "check")
 }
 
 fn comm_arg(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -285,7 +292,7 @@ impl Worker {
     /// Starts the Worker: forks one process per chip and per sub-worker (call it before this
     /// process starts threads).
     #[new]
-    #[pyo3(signature = (chips=1, cores=(1, 2), sub_workers=0, buffers=None, collectives=None, comm=true, subs=None, timeout=None, kernels=None))]
+    #[pyo3(signature = (chips=1, cores=(1, 2), sub_workers=0, buffers=None, collectives=None, comm=true, subs=None, timeout=None, kernels=None, check=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         #[pyo3(from_py_with = chips_arg)] chips: usize,
@@ -297,6 +304,7 @@ impl Worker {
         subs: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = timeout_arg)] timeout: Option<Duration>,
         kernels: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = check_arg)] check: bool,
     ) -> PyResult<Worker> {
         let mut specs = buffer_specs(buffers)?;
         let callables = sub_callables(subs)?;
@@ -335,6 +343,23 @@ impl Worker {
             b = b.chip_thread_main(|run| Python::attach(|py| py.detach(run)));
         }
         let (b, programs) = chip_programs(b, py_kernels, &plugins)?;
+        // With check=True the checker is installed before the fork: every chip inherits it and
+        // appends its records to its own file in the folder.
+        let check = if check {
+            let dir = std::env::temp_dir().join(format!("pto-check-py-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).map_err(|e| {
+                pto_err(
+                    Kind::Pto,
+                    format!("check: cannot create {}: {e}", dir.display()),
+                )
+            })?;
+            Some((
+                pto_comm::check::Checker::install_files(chips, None, dir.clone()),
+                dir,
+            ))
+        } else {
+            None
+        };
         // The GIL stays held across the fork: a sub-worker child continues on this thread,
         // which then holds the GIL it needs to call its Python callables.
         let w = b.init().map_err(worker_err)?;
@@ -342,6 +367,7 @@ impl Worker {
             inner: Some(Arc::new(w)),
             runner: std::sync::OnceLock::new(),
             pid: std::process::id(),
+            check,
             buffers: specs,
             catalog: Arc::new(Catalog {
                 chips,
@@ -496,9 +522,35 @@ impl Worker {
 
     /// Stops every child process and removes the Worker's shared memory; the Worker cannot
     /// run again. Closing twice is fine.
+    /// With `check=True`: what the checker found in the runs so far: `{"races": [text, ...],
+    /// "warnings": [text, ...], "accesses": n, "edges": n}`.
+    fn check_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let Some((c, _)) = &self.check else {
+            return Err(PyValueError::new_err(
+                "check_report: this Worker was made without check=True",
+            ));
+        };
+        let r = c.report();
+        let d = PyDict::new(py);
+        d.set_item(
+            "races",
+            r.races.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        )?;
+        d.set_item("warnings", r.warnings.clone())?;
+        d.set_item("accesses", r.accesses)?;
+        d.set_item("edges", r.edges)?;
+        Ok(d)
+    }
+
     fn close(&mut self, py: Python<'_>) {
         self.forget_in_child();
         self.runner.take();
+        if let Some((_, dir)) = self.check.take() {
+            if !self.forked() {
+                pto_comm::check::Checker::uninstall();
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
         if let Some(w) = self.inner.take() {
             // The only reference, now that the run thread is gone.
             py.detach(|| match Arc::try_unwrap(w) {
