@@ -147,7 +147,20 @@ fn run_writes_the_task_graph_and_a_trace_with_dependency_arrows() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     let evs = doc["traceEvents"].as_array().unwrap();
-    assert_eq!(evs.iter().filter(|e| e["ph"] == "s").count(), 2);
-    assert_eq!(evs.iter().filter(|e| e["ph"] == "f").count(), 2);
+    let flows = |name: &str, ph: &str| {
+        evs.iter()
+            .filter(|e| e["ph"] == ph && e["name"] == name)
+            .count()
+    };
+    // consume after notify_wait on each rank; each rank's notify to the wait it released.
+    assert_eq!((flows("dependency", "s"), flows("dependency", "f")), (2, 2));
+    assert_eq!((flows("signal", "s"), flows("signal", "f")), (2, 2));
+    let waits = evs.iter().filter(|e| e["ph"] == "i" && e["name"] == "wait");
+    for w in waits {
+        let s = evs
+            .iter()
+            .find(|e| e["ph"] == "s" && e["name"] == "signal" && e["pid"] != w["pid"]);
+        assert!(s.is_some(), "no arrow into {w}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

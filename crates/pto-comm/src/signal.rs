@@ -59,6 +59,11 @@ impl Window {
         self.check_atomic("signal notify", rank, offset, 4)?;
         self.note(rank, offset, 4, crate::check::AccessKind::Atomic, "notify");
         self.released(rank, offset);
+        pto_core::trace::mark("notify", || {
+            let comm = &self.inner.comm;
+            let t = comm.world_rank_of(rank).unwrap_or(rank);
+            format!("{} {t} {offset}", self.name())
+        });
         self.inner
             .io
             .notify(rank, offset, value, op == SignalOp::Add)
@@ -116,6 +121,11 @@ impl Window {
             ))
             .map_err(|e| comm.with_wait_for_graph(e));
         drop(posted);
+        if r.is_ok() {
+            pto_core::trace::mark("wait", || {
+                format!("{} {} {offset}", self.name(), comm.world_rank())
+            });
+        }
         if let Some(c) = &checker {
             c.wait_end(
                 comm.world_rank(),
@@ -222,5 +232,11 @@ impl pto_core::Condition for SignalCondition {
             "signal at offset {} of rank {} >= {}",
             self.offset, self.rank, self.value
         )
+    }
+
+    fn trace_key(&self) -> Option<String> {
+        let comm = &self.window.inner.comm;
+        let t = comm.world_rank_of(self.rank).unwrap_or(self.rank);
+        Some(format!("{} {t} {}", self.window.name(), self.offset))
     }
 }

@@ -33,6 +33,11 @@ pub trait Condition: Send + Sync + 'static {
     fn poll(&self) -> Poll;
     /// Names the condition in errors ("signal at offset 64 of rank 1 >= 3").
     fn describe(&self) -> String;
+    /// What a trace joins it to when it holds: the key of the signal whose notify released it
+    /// (see [`crate::trace::mark`]); `None` (the default) draws no arrow.
+    fn trace_key(&self) -> Option<String> {
+        None
+    }
 }
 
 impl fmt::Debug for dyn Condition {

@@ -17,6 +17,47 @@ pub fn now_us() -> f64 {
     pto_shm::process::monotonic_ns() as f64 / 1e3
 }
 
+/// A point inside a kernel's block that a layer above marks (a notify, a wait that returned),
+/// drawn as an instant event; marks with the same `key` on different ranks are joined by an
+/// arrow from the notify to the wait.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mark {
+    /// When, on the trace clock.
+    pub ts_us: f64,
+    /// What (`notify`, `wait`).
+    pub name: &'static str,
+    /// What it is about (a signal's window, rank and offset).
+    pub key: String,
+}
+
+thread_local! {
+    static MARKS: std::cell::RefCell<Option<Vec<Mark>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Marks a point of the kernel block running on this thread, when its chip is tracing
+/// (otherwise nothing happens).
+pub fn mark(name: &'static str, key: impl FnOnce() -> String) {
+    MARKS.with(|m| {
+        if let Some(v) = m.borrow_mut().as_mut() {
+            v.push(Mark {
+                ts_us: now_us(),
+                name,
+                key: key(),
+            });
+        }
+    });
+}
+
+/// Starts collecting this thread's marks (a traced kernel block begins).
+pub(crate) fn begin_marks() {
+    MARKS.with(|m| *m.borrow_mut() = Some(Vec::new()));
+}
+
+/// Stops collecting and returns what was marked.
+pub(crate) fn end_marks() -> Vec<Mark> {
+    MARKS.with(|m| m.borrow_mut().take()).unwrap_or_default()
+}
+
 /// One block of one task, as it ran.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceEvent {
@@ -37,6 +78,8 @@ pub struct TraceEvent {
     /// False for a kernel block; true for a deferred task's whole span, from its first block's
     /// start to its real completion (drawn on a separate "deferred" track of its core).
     pub deferred: bool,
+    /// Points the block marked (notifies, waits), in order.
+    pub marks: Vec<Mark>,
 }
 
 /// The events of one run on one chip.
@@ -131,6 +174,13 @@ impl Trace {
                     "deps": e.deps.iter().map(|d| d.get()).collect::<Vec<_>>(),
                 }
             }));
+            for m in &e.marks {
+                out.push(json!({
+                    "ph": "i", "s": "t", "name": m.name, "cat": "signal",
+                    "pid": pid, "tid": event_tid(e), "ts": m.ts_us,
+                    "args": { "key": m.key, "task": e.task.get() },
+                }));
+            }
             if e.block != 0 || e.deferred {
                 continue;
             }
@@ -148,6 +198,47 @@ impl Trace {
                     "pid": pid, "tid": event_tid(e), "ts": e.start_us,
                 }));
             }
+        }
+        out
+    }
+
+    /// Arrows across ranks: for each `wait` mark among `events` (every chip's trace events of
+    /// one run), an arrow from the latest `notify` mark of the same signal before it. Returns
+    /// the flow events to add.
+    pub fn signal_flows(events: &[Value]) -> Vec<Value> {
+        let mut notifies: std::collections::HashMap<&str, Vec<(f64, &Value)>> = Default::default();
+        for e in events {
+            if e["ph"] == "i" && e["name"] == "notify" {
+                if let (Some(k), Some(ts)) = (e["args"]["key"].as_str(), e["ts"].as_f64()) {
+                    notifies.entry(k).or_default().push((ts, e));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        let mut id: u64 = 1 << 62;
+        for e in events {
+            if e["ph"] != "i" || e["name"] != "wait" {
+                continue;
+            }
+            let (Some(k), Some(ts)) = (e["args"]["key"].as_str(), e["ts"].as_f64()) else {
+                continue;
+            };
+            let Some(n) = notifies.get(k).and_then(|v| {
+                v.iter()
+                    .filter(|(t, _)| *t <= ts)
+                    .max_by(|a, b| a.0.total_cmp(&b.0))
+            }) else {
+                continue;
+            };
+            id += 1;
+            out.push(json!({
+                "ph": "s", "name": "signal", "cat": "flow", "id": id,
+                "pid": n.1["pid"], "tid": n.1["tid"], "ts": n.0,
+            }));
+            out.push(json!({
+                "ph": "f", "bp": "e", "name": "signal", "cat": "flow", "id": id,
+                "pid": e["pid"], "tid": e["tid"], "ts": ts,
+            }));
         }
         out
     }

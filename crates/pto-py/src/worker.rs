@@ -471,8 +471,9 @@ impl Worker {
         called?;
         let report = run_interruptibly(py, self.runner()?, w, subs, trace.is_some())?;
         if let Some(path) = &trace {
-            let doc =
-                serde_json::json!({ "traceEvents": report.trace_events, "displayTimeUnit": "ns" });
+            let mut events = report.trace_events.clone();
+            events.extend(pto_core::trace::Trace::signal_flows(&report.trace_events));
+            let doc = serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ns" });
             std::fs::write(path, doc.to_string()).map_err(|e| {
                 pto_err(
                     Kind::Pto,

@@ -172,7 +172,9 @@ fn with_progress<T>(a: &RunArgs, rep: &Reporter, name: &str, f: impl FnOnce() ->
 /// Writes every chip's trace events as one Chrome trace, and the task graph as Graphviz dot.
 fn write_trace(a: &RunArgs, o: &Outcome) -> anyhow::Result<()> {
     if let Some(path) = &a.trace {
-        let doc = json!({ "traceEvents": o.events, "displayTimeUnit": "ns" });
+        let mut events = o.events.clone();
+        events.extend(pto_core::trace::Trace::signal_flows(&o.events));
+        let doc = json!({ "traceEvents": events, "displayTimeUnit": "ns" });
         std::fs::write(path, doc.to_string())
             .with_context(|| format!("writing the trace to {}", path.display()))?;
     }

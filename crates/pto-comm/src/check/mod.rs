@@ -225,6 +225,8 @@ impl KernelObserver for Observer {
         let Some((task, kernel, rank, token)) = TASK.with(|t| t.borrow_mut().take()) else {
             return;
         };
+        // A perturbation point before the task completes (and releases its consumers).
+        self.0.pause(rank);
         let pid = std::process::id();
         for i in 0..ctx.num_tensors() {
             let (Ok(t), Ok(mode)) = (ctx.tensor(i), ctx.mode(i)) else {
@@ -265,8 +267,8 @@ impl Checker {
         Checker::install_perturbed(ranks, None)
     }
 
-    /// [`Checker::install`], and with `seed` a perturbed schedule: before each put, notify and
-    /// kernel, a rank pauses for a pseudo-random 0-200 µs (or not at all), drawn from `seed`,
+    /// [`Checker::install`], and with `seed` a perturbed schedule: before each put, notify,
+    /// kernel start and kernel completion, a rank pauses for a pseudo-random 0-200 µs (or not at all), drawn from `seed`,
     /// the rank and how many such points it passed, so that other interleavings show.
     pub fn install_perturbed(ranks: usize, seed: Option<u64>) -> Arc<Checker> {
         Checker::install_with(ranks, seed, Sink::Memory(Mutex::new(Vec::new())))

@@ -121,6 +121,8 @@ impl Engine {
         }
         let now = Instant::now();
         let mut settled: SmallVec<[(u32, u64, Option<String>); 4]> = SmallVec::new();
+        let tracing = self.tracing.load(std::sync::atomic::Ordering::Relaxed);
+        let mut held: Vec<(u64, crate::trace::Mark)> = Vec::new();
         let tokens = std::mem::take(&mut d.tokens);
         d.waiting.retain_mut(|w| {
             let (seen, token_error) = tokens.get(&w.id).copied().unwrap_or((0, None));
@@ -133,12 +135,25 @@ impl Engine {
                 return false;
             }
             let mut failed = None;
+            let id = w.id;
             w.conds.retain(|(c, deadline)| {
                 if failed.is_some() {
                     return true;
                 }
                 match c.poll() {
-                    Poll::Ready => false,
+                    Poll::Ready => {
+                        if let (true, Some(key)) = (tracing, c.trace_key()) {
+                            held.push((
+                                id,
+                                crate::trace::Mark {
+                                    ts_us: crate::trace::now_us(),
+                                    name: "wait",
+                                    key,
+                                },
+                            ));
+                        }
+                        false
+                    }
                     Poll::Pending if now >= *deadline => {
                         failed = Some(format!(
                             "condition {} did not hold before its deadline",
@@ -188,7 +203,12 @@ impl Engine {
         progress |= !settled.is_empty();
         for (slot, id, failure) in settled {
             if self.tracing.load(std::sync::atomic::Ordering::Relaxed) {
-                self.trace_deferred(slot, id);
+                let marks = held
+                    .iter()
+                    .filter(|(t, _)| *t == id)
+                    .map(|(_, m)| m.clone())
+                    .collect();
+                self.trace_deferred(slot, id, marks);
             }
             let f = match failure {
                 None => Finish::Done,
@@ -202,7 +222,7 @@ impl Engine {
         progress
     }
 
-    fn trace_deferred(&self, slot: u32, id: u64) {
+    fn trace_deferred(&self, slot: u32, id: u64, marks: Vec<crate::trace::Mark>) {
         let s = self.slab.get(slot);
         let start = f64::from_bits(s.first_start.load(std::sync::atomic::Ordering::Relaxed));
         // SAFETY: the task is deferred (not finished): it cannot be reclaimed yet.
@@ -225,6 +245,7 @@ impl Engine {
                 end_us: crate::trace::now_us(),
                 deps: body.deps.iter().map(|d| crate::args::TaskId(*d)).collect(),
                 deferred: true,
+                marks,
             });
         }
     }

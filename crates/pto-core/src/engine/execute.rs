@@ -33,6 +33,9 @@ pub(crate) enum Finish {
     Poisoned,
 }
 
+/// A traced block's start and end, and the points it marked.
+type Traced = (f64, f64, Vec<crate::trace::Mark>);
+
 impl Finish {
     pub(crate) fn failed(block: u32, core: Option<CoreId>, message: String) -> Finish {
         Finish::Failed {
@@ -214,8 +217,8 @@ impl Engine {
         };
         ts.current.store(0, Ordering::Release);
         ts.blocks.fetch_add(1, Ordering::Relaxed);
-        if let Some((start, end)) = times {
-            self.trace_block(job, id, body, start, end);
+        if let Some((start, end, marks)) = times {
+            self.trace_block(job, id, body, (start, end), marks);
         }
         let has_regs = !regs.conds.is_empty() || regs.tokens > 0;
         if result.is_err() || has_regs {
@@ -284,12 +287,15 @@ impl Engine {
         job: Job,
         id: u64,
         body: &Body,
-    ) -> (Result<(), String>, Option<(f64, f64)>, Registrations) {
+    ) -> (Result<(), String>, Option<Traced>, Registrations) {
         let Some(kernel) = body.kernel.as_deref() else {
             return (Ok(()), None, Registrations::default());
         };
         let trace = self.tracing.load(Ordering::Relaxed);
         let start = trace.then(now_us);
+        if trace {
+            crate::trace::begin_marks();
+        }
         let ctx = KernelCtx {
             task: TaskId(id),
             kernel,
@@ -318,11 +324,18 @@ impl Engine {
         if let Some(o) = &observer {
             o.kernel_end(&ctx, result.is_ok());
         }
-        let times = start.map(|s| (s, now_us()));
+        let times = start.map(|s| (s, now_us(), crate::trace::end_marks()));
         (result, times, ctx.regs.into_inner())
     }
 
-    fn trace_block(&self, job: Job, id: u64, body: &Body, start: f64, end: f64) {
+    fn trace_block(
+        &self,
+        job: Job,
+        id: u64,
+        body: &Body,
+        (start, end): (f64, f64),
+        marks: Vec<crate::trace::Mark>,
+    ) {
         let s = self.slab.get(job.slot);
         let first = s.first_start.load(Ordering::Relaxed);
         if first == 0 || start < f64::from_bits(first) {
@@ -343,6 +356,7 @@ impl Engine {
                 end_us: end,
                 deps: body.deps.iter().map(|d| TaskId(*d)).collect(),
                 deferred: false,
+                marks,
             });
         }
     }
