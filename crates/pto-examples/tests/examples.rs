@@ -89,7 +89,7 @@ fn main() {
         }
     }
     // No false reports: every distributed example under `pto check`, on threads with 20
-    // perturbed schedules, on processes (the Worker) with 5.
+    // perturbed schedules, on processes (the Worker) with 20 too.
     for ex in EXAMPLES
         .iter()
         .filter(|e| e.ranks.is_some() || e.worker.is_some())
@@ -105,7 +105,7 @@ fn main() {
             if ex.worker.is_some() {
                 trials.push(Trial::test(
                     format!("{name}_checked_shm_{n}_ranks"),
-                    move || checked(name, Backend::Shm, n, 5),
+                    move || checked(name, Backend::Shm, n, 20),
                 ));
             }
         }
