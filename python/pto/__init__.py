@@ -348,21 +348,37 @@ class Comm:
         self._c.barrier()
 
     def allreduce(self, a: np.ndarray, op: str = "sum") -> np.ndarray:
-        """Reduces ``a`` (float32, float64, int32 or int64) over every rank, in place (``a``
-        must be writable). Every rank passes the same length, dtype and ``op``."""
+        """Reduces ``a`` (float16, float32, float64, int32 or int64) over every rank, in place
+        (``a`` must be writable), with ``op`` ("sum", "max", "min" or "prod"). A C-contiguous
+        array is reduced where it is, without a copy. Every rank passes the same length, dtype
+        and ``op`` (otherwise every rank gets an error naming what each passed)."""
         _check_array(a, "comm.allreduce: a", writable=True)
+        if a.flags.c_contiguous and a.dtype.name in _REDUCIBLE:
+            self._c.allreduce_array(a, op)
+            return a
         flat = np.ascontiguousarray(a)
         out = self._c.allreduce_bytes(flat.tobytes(), flat.dtype.name, op)
         a[...] = np.frombuffer(out, dtype=flat.dtype).reshape(a.shape)
         return a
 
-    def allgather(self, a: np.ndarray) -> np.ndarray:
-        """Every rank's ``a``, stacked in rank order: shape ``(size, *a.shape)`` (a new array;
-        ``a`` may be read-only). Every rank passes the same number of bytes."""
+    def allgather(self, a: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Every rank's ``a``, stacked in rank order: shape ``(size, *a.shape)``, into ``out``
+        (writable, C-contiguous, that shape and ``a``'s dtype) or a new array; ``a`` may be
+        read-only. Every rank passes the same number of bytes. No copy through Python."""
         _check_array(a, "comm.allgather: a", writable=False)
-        flat = np.ascontiguousarray(a)
-        out = self._c.allgather_bytes(flat.tobytes())
-        return np.frombuffer(out, dtype=flat.dtype).reshape((self.size,) + a.shape).copy()
+        shape = (self.size,) + a.shape
+        if out is None:
+            out = np.empty(shape, dtype=a.dtype)
+        else:
+            _check_array(out, "comm.allgather: out", writable=True)
+            if out.shape != shape or out.dtype != a.dtype or not out.flags.c_contiguous:
+                raise ValueError(
+                    f"comm.allgather: out must be a C-contiguous {a.dtype} array of shape "
+                    f"{shape}, not {out.dtype} {out.shape}"
+                )
+        mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        self._c.allgather_into(mine, out.reshape(-1).view(np.uint8))
+        return out
 
     def broadcast(self, a: np.ndarray, root: int = 0) -> np.ndarray:
         """Copies ``root``'s ``a`` into every rank's ``a``, in place (``a`` must be writable on
@@ -372,11 +388,32 @@ class Comm:
         except TypeError:
             mine = False  # the native module names the bad root
         _check_array(a, "comm.broadcast: a", writable=not mine)
+        if a.flags.c_contiguous and a.flags.writeable:
+            self._c.broadcast_into(a.reshape(-1).view(np.uint8), root)
+            return a
         flat = np.ascontiguousarray(a)
         out = self._c.broadcast_bytes(flat.tobytes(), root)
         if a.flags.writeable:
             a[...] = np.frombuffer(out, dtype=flat.dtype).reshape(a.shape)
         return a
+
+    def all_to_all(self, a: np.ndarray) -> np.ndarray:
+        """Block ``j`` of ``a`` (its first dimension split into ``size`` equal blocks) goes to
+        rank ``j``; returns the blocks received, in rank order, as a new array of ``a``'s
+        shape. Every rank passes the same shape."""
+        _check_array(a, "comm.all_to_all: a", writable=False)
+        if a.ndim == 0 or a.shape[0] % self.size != 0:
+            raise ValueError(
+                f"comm.all_to_all: a's first dimension ({a.shape[0] if a.ndim else 0}) must be "
+                f"a multiple of the rank count ({self.size})"
+            )
+        out = np.empty_like(a, order="C")
+        send = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        self._c.all_to_all_into(send, out.reshape(-1).view(np.uint8))
+        return out
+
+
+_REDUCIBLE = ("float16", "float32", "float64", "int32", "int64")
 
 
 def _check_array(a: Any, what: str, writable: bool) -> None:
@@ -389,15 +426,126 @@ def _check_array(a: Any, what: str, writable: bool) -> None:
         )
 
 
-def run_ranks(n: int, fn: Callable[[Comm], Any]) -> List[Any]:
-    """Runs ``fn(comm)`` on ``n`` ranks (1 to 256 threads of this process; collectives release
-    the GIL) and returns their results in rank order.
+def run_ranks(n: int, fn: Callable[[Comm], Any], backend: str = "shm") -> List[Any]:
+    """Runs ``fn(comm)`` on ``n`` ranks and returns their results in rank order.
+
+    ``backend="shm"`` (the default) forks one process per rank (1 to 256), so the ranks' Python
+    code runs in parallel; results and exceptions come back pickled (a result that cannot be
+    pickled is an error naming the rank). ``backend="local"`` runs the ranks as threads of this
+    process (collectives release the GIL, Python code takes turns).
 
     When ranks raise, the first exception (in time) is raised here: the same type, its message
     prefixed ``"rank R: "``, a ``rank`` attribute, the original exception as ``__cause__``, and
     the other ranks' exceptions as notes. The first failure aborts the collectives of every
-    other rank, so none waits for its deadline. Ctrl-C raises :class:`KeyboardInterrupt` once
-    the ranks have returned (their collectives fail at once)."""
+    other rank, so none waits for its deadline. Ctrl-C raises :class:`KeyboardInterrupt` (on
+    processes, after ending every rank)."""
     if not callable(fn):
         raise TypeError(f"fn must be callable (fn(comm)), not {type(fn).__name__}")
-    return _native.run_ranks(n, lambda c: fn(Comm(c)))
+    if backend == "local":
+        return _native.run_ranks(n, lambda c: fn(Comm(c)))
+    if backend != "shm":
+        raise ValueError(f'run_ranks: backend must be "shm" or "local", not {backend!r}')
+    return _run_ranks_forked(n, fn)
+
+
+def _run_ranks_forked(n: int, fn: Callable[[Comm], Any]) -> List[Any]:
+    import pickle
+    import time
+
+    world = _native.ShmWorld(n)
+    pids: List[int] = []
+    reads: List[int] = []
+    try:
+        for r in range(n):
+            rfd, wfd = _os.pipe()
+            pid = _os.fork()
+            if pid == 0:  # pragma: no cover (the child ends in os._exit)
+                _os.close(rfd)
+                _rank_child(world.name, r, n, fn, wfd, pickle)
+            _os.close(wfd)
+            pids.append(pid)
+            reads.append(rfd)
+        payloads: List[bytes] = []
+        for fd in reads:
+            chunks = []
+            while True:
+                b = _os.read(fd, 1 << 20)
+                if not b:
+                    break
+                chunks.append(b)
+            _os.close(fd)
+            payloads.append(b"".join(chunks))
+        for pid in pids:
+            _os.waitpid(pid, 0)
+        pids = []
+    except BaseException:
+        for pid in pids:
+            try:
+                _os.kill(pid, 9)
+                _os.waitpid(pid, 0)
+            except OSError:
+                pass
+        raise
+    finally:
+        world.close()
+    values: List[Any] = []
+    failures: List[Tuple[float, int, BaseException]] = []
+    for r, data in enumerate(payloads):
+        try:
+            kind, value, when = pickle.loads(data)
+        except Exception as e:
+            kind, value, when = "err", PtoError(f"rank {r} ended without a result ({e})"), time.time()
+        if kind == "ok":
+            values.append(value)
+        else:
+            failures.append((when, r, value))
+    if not failures:
+        return values
+    failures.sort(key=lambda f: (f[0], f[1]))
+    from ._errors import _rank_error
+
+    raise _rank_error([(r, e) for _, r, e in failures], n)
+
+
+def _text_of(e: BaseException) -> str:
+    try:
+        return str(e)
+    except Exception:
+        return "<exception str() failed>"
+
+
+def _rank_child(name: str, rank: int, n: int, fn: Callable[[Comm], Any], wfd: int, pickle: Any) -> None:
+    import time
+
+    code = 0
+    native = None
+    try:
+        native = _native.join_world(name, rank, n)
+        result: Any = ("ok", fn(Comm(native)), 0.0)
+    except BaseException as e:  # noqa: BLE001 (every failure goes back to the parent)
+        import traceback
+
+        code = 1
+        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        if hasattr(e, "add_note"):
+            e.add_note(tb)  # the traceback object does not cross the process; its text does
+        result = ("err", e, time.time())
+        if native is not None:
+            native.abort(f"{type(e).__name__}: {_text_of(e)}")
+    try:
+        data = pickle.dumps(result)
+    except Exception as pe:
+        code = 1
+        if result[0] == "err":
+            raised = result[1]
+            err = PtoError(
+                f"{type(raised).__name__}: {_text_of(raised)} (the exception cannot be pickled: {pe})"
+            )
+        else:
+            err = PtoError(f"the result cannot be pickled: {pe}")
+        data = pickle.dumps(("err", err, time.time()))
+    try:
+        with _os.fdopen(wfd, "wb") as f:
+            f.write(data)
+    finally:
+        _os._exit(code)

@@ -94,7 +94,7 @@ def test_a_rank_exception_keeps_its_type_message_and_rank():
         return c.rank
 
     with pytest.raises(ValueError) as info:
-        pto.run_ranks(4, body)
+        pto.run_ranks(4, body, backend="local")
     e = info.value
     assert type(e) is ValueError
     assert str(e) == "rank 2: bad value on this rank"
@@ -113,7 +113,7 @@ def test_a_custom_exception_type_survives_run_ranks():
             raise Mine("custom")
 
     with pytest.raises(Mine, match="^rank 0: custom$") as info:
-        pto.run_ranks(2, body)
+        pto.run_ranks(2, body, backend="local")
     assert info.value.rank == 0
 
 
@@ -128,7 +128,7 @@ def test_an_exception_that_needs_more_arguments_is_raised_as_it_is():
             raise Coded(7, "seven")
 
     with pytest.raises(Coded) as info:
-        pto.run_ranks(2, body)
+        pto.run_ranks(2, body, backend="local")
     assert info.value.code == 7 and info.value.rank == 1
     notes = getattr(info.value, "__notes__", [])
     assert any("rank 1" in n for n in notes), notes
@@ -194,7 +194,7 @@ def test_a_rank_exception_pickles():
 
 def test_a_comm_used_after_run_ranks_is_refused():
     kept = []
-    pto.run_ranks(2, lambda c: kept.append(c))
+    pto.run_ranks(2, lambda c: kept.append(c), backend="local")
     with pytest.raises(pto.CommError, match="run_ranks has returned"):
         kept[0].barrier()
 
@@ -211,5 +211,31 @@ def test_an_unprintable_rank_exception_is_still_raised():
         raise Unprintable()
 
     with pytest.raises(Unprintable) as info:
-        pto.run_ranks(2, body)
+        pto.run_ranks(2, body, backend="local")
     assert info.value.rank == 0
+
+
+def test_on_processes_a_rank_exception_keeps_its_type_message_rank_and_traceback_text():
+    def body(c):
+        if c.rank == 1:
+            raise ValueError("bad value on rank one")
+        c.barrier()  # rank 0 is woken by rank 1's abort, not by its deadline
+
+    with pytest.raises(ValueError, match="rank 1: bad value on rank one") as info:
+        pto.run_ranks(2, body)
+    e = info.value
+    assert e.rank == 1 and type(e.__cause__) is ValueError
+    notes = "\n".join(getattr(e.__cause__, "__notes__", []))
+    assert "Traceback" in notes and "raise ValueError" in notes, notes
+
+
+def test_on_processes_an_exception_that_cannot_be_pickled_comes_back_by_name():
+    class Local(Exception):
+        pass
+
+    def body(c):
+        raise Local("only in this process")
+
+    with pytest.raises(pto.PtoError, match="Local: only in this process") as info:
+        pto.run_ranks(2, body)
+    assert info.value.rank in (0, 1)

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use numpy::{PyReadonlyArray1, PyReadwriteArray1, PyReadwriteArrayDyn, PyUntypedArrayMethods};
 use pto_comm::{Collectives, ReduceOp};
 use pto_core::DType;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyTypeError, PyValueError};
@@ -148,10 +149,126 @@ impl Comm {
         self.comm.size()
     }
 
+    /// Raises the world's abort with `message`: every peer's waits fail at once, naming this
+    /// rank (a forked rank calls it when its function raised).
+    fn abort(&self, message: &str) {
+        self.comm.abort(message);
+    }
+
     /// Waits for every rank.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         self.usable()?;
         py.detach(|| self.comm.barrier()).map_err(comm_err)
+    }
+
+    /// Allreduce of numpy array `a` in place, without a copy (C-contiguous, writable, float16,
+    /// float32, float64, int32 or int64), with `op`.
+    fn allreduce_array(
+        &self,
+        py: Python<'_>,
+        a: &Bound<'_, PyAny>,
+        op: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.usable()?;
+        let op = reduce_op(op)?;
+        let op_code = match op {
+            ReduceOp::Sum => 0,
+            ReduceOp::Max => 1,
+            ReduceOp::Min => 2,
+            _ => 3,
+        };
+        macro_rules! go {
+            ($t:ty, $d:expr) => {
+                if let Ok(mut arr) = a.extract::<PyReadwriteArrayDyn<'_, $t>>() {
+                    let bytes = (arr.len() * std::mem::size_of::<$t>()) as u64;
+                    self.agree(
+                        py,
+                        "allreduce",
+                        [bytes, dtype_code($d), op_code],
+                        show_reduce,
+                    )?;
+                    let s = arr.as_slice_mut().map_err(|_| {
+                        PyValueError::new_err("allreduce: the array must be C-contiguous")
+                    })?;
+                    return py.detach(|| self.co.allreduce(s, op)).map_err(comm_err);
+                }
+            };
+        }
+        go!(f32, DType::F32);
+        go!(f64, DType::F64);
+        go!(i32, DType::I32);
+        go!(i64, DType::I64);
+        go!(half::f16, DType::F16);
+        Err(PyTypeError::new_err(
+            "allreduce supports writable float16, float32, float64, int32 and int64 arrays",
+        ))
+    }
+
+    /// Allgather of `mine` (bytes, the same length on every rank) into `out` (bytes, size ×
+    /// that length), without copies through Python objects.
+    fn allgather_into(
+        &self,
+        py: Python<'_>,
+        mine: PyReadonlyArray1<'_, u8>,
+        mut out: PyReadwriteArray1<'_, u8>,
+    ) -> PyResult<()> {
+        self.usable()?;
+        let m = mine
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("allgather: the array must be contiguous"))?;
+        self.agree(py, "allgather", [m.len() as u64, 0, 0], show_bytes)?;
+        let o = out
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("allgather: out must be contiguous"))?;
+        if o.len() != m.len() * self.comm.size() {
+            return Err(PyValueError::new_err(format!(
+                "allgather: out has {} bytes, not {} x {}",
+                o.len(),
+                self.comm.size(),
+                m.len()
+            )));
+        }
+        py.detach(|| self.co.allgather(m, o)).map_err(comm_err)
+    }
+
+    /// Broadcast of `buf` (bytes) from `root`, in place.
+    fn broadcast_into(
+        &self,
+        py: Python<'_>,
+        mut buf: PyReadwriteArray1<'_, u8>,
+        root: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.usable()?;
+        let n = self.comm.size();
+        let root = usize_in(root, &format!("broadcast: root (a rank of {n})"), 0, n - 1)?;
+        let b = buf
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("broadcast: the array must be contiguous"))?;
+        self.agree(
+            py,
+            "broadcast",
+            [b.len() as u64, root as u64, 0],
+            show_broadcast,
+        )?;
+        py.detach(|| self.co.broadcast(b, root)).map_err(comm_err)
+    }
+
+    /// All-to-all of `send` (bytes, size × k) into `recv` (bytes, the same length).
+    fn all_to_all_into(
+        &self,
+        py: Python<'_>,
+        send: PyReadonlyArray1<'_, u8>,
+        mut recv: PyReadwriteArray1<'_, u8>,
+    ) -> PyResult<()> {
+        self.usable()?;
+        let s = send
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("all_to_all: the array must be contiguous"))?;
+        self.agree(py, "all_to_all", [s.len() as u64, 0, 0], show_bytes)?;
+        let r = recv
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("all_to_all: out must be contiguous"))?;
+        py.detach(|| self.co.all_to_all(s, r)).map_err(comm_err)
     }
 
     /// Allreduce of `data` (raw bytes of `dtype` elements) with `op`; returns the result bytes.

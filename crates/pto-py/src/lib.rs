@@ -61,6 +61,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernels::MemView>()?;
     m.add_function(wrap_pyfunction!(plugins::load_plugin, m)?)?;
     m.add_function(wrap_pyfunction!(ranks::run_ranks, m)?)?;
+    m.add_function(wrap_pyfunction!(ranks::join_world, m)?)?;
+    m.add_class::<ranks::ShmWorld>()?;
     m.add_function(wrap_pyfunction!(programs::programs, m)?)?;
     m.add_function(wrap_pyfunction!(programs::kernels, m)?)?;
     Ok(())

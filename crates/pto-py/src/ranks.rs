@@ -193,3 +193,74 @@ pub(crate) fn run_ranks(
         .call1((list, n))?;
     Err(PyErr::from_value(exc))
 }
+
+/// A world of ranks in shared memory for `run_ranks(backend="shm")`: the Python layer forks
+/// one process per rank, each joins it ([`join_world`]); closing (or dropping) it in the
+/// creating process removes its segments.
+#[pyclass(module = "pto._native")]
+pub(crate) struct ShmWorld {
+    world: Option<pto_comm::shm::ShmWorld>,
+    pid: u32,
+}
+
+impl std::fmt::Debug for ShmWorld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmWorld").field("pid", &self.pid).finish()
+    }
+}
+
+#[pymethods]
+impl ShmWorld {
+    #[new]
+    fn new(#[pyo3(from_py_with = ranks_arg)] n: usize) -> PyResult<ShmWorld> {
+        Ok(ShmWorld {
+            world: Some(pto_comm::shm::ShmWorld::create(n).map_err(comm_err)?),
+            pid: std::process::id(),
+        })
+    }
+
+    /// The world segment's name.
+    #[getter]
+    fn name(&self) -> PyResult<String> {
+        self.world
+            .as_ref()
+            .map(|w| w.name().to_string())
+            .ok_or_else(|| pto_err(Kind::Comm, "this world is closed"))
+    }
+
+    /// Removes the world's segments (in the creating process only; twice is fine).
+    fn close(&mut self) {
+        if std::process::id() == self.pid {
+            self.world.take();
+        } else {
+            // A forked rank must not remove the world its peers still use.
+            std::mem::forget(self.world.take());
+        }
+    }
+}
+
+impl Drop for ShmWorld {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Joins world `name` as rank `rank` of `size` (in a process forked by `run_ranks`) and sets
+/// up its collectives (every rank calls it).
+#[pyfunction]
+pub(crate) fn join_world(py: Python<'_>, name: String, rank: usize, size: usize) -> PyResult<Comm> {
+    let comm = py
+        .detach(|| pto_comm::shm::join(&name, rank, size))
+        .map_err(comm_err)?;
+    let co = py
+        .detach(|| Collectives::new(&comm, ranks_collectives(size)))
+        .map_err(comm_err)?;
+    Ok(Comm {
+        comm,
+        co,
+        ranks: Arc::new(Ranks {
+            state: AtomicU8::new(RUNNING),
+            seq: AtomicUsize::new(0),
+        }),
+    })
+}
