@@ -57,6 +57,20 @@ pub enum Command {
     },
 }
 
+/// The problem size and the cores of every chip (`run` and `check`).
+#[derive(Debug, Args)]
+pub struct ChipArgs {
+    /// Problem size, in the example's own unit (at least 1; it must fit in memory).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=pto_examples::MAX_SIZE as u64).map(|v| v as usize))]
+    pub size: Option<usize>,
+    /// Logical AIC cores per chip, 0 to 1024.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub aic: u32,
+    /// Logical AIV cores per chip, 0 to 2048.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=2048))]
+    pub aiv: u32,
+}
+
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     /// The example (see `pto list`), or with --plugin the plugin's program.
@@ -71,15 +85,8 @@ pub struct CheckArgs {
     /// (shm).
     #[arg(long, value_enum, default_value = "local")]
     pub backend: BackendArg,
-    /// Problem size, in the example's own unit.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=pto_examples::MAX_SIZE as u64).map(|v| v as usize))]
-    pub size: Option<usize>,
-    /// Logical AIC cores per chip, 0 to 1024.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=1024))]
-    pub aic: u32,
-    /// Logical AIV cores per chip, 0 to 2048.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=2048))]
-    pub aiv: u32,
+    #[command(flatten)]
+    pub chip: ChipArgs,
     /// Run it this many times, 1 to 10000, each on a schedule perturbed from its own seed
     /// (pauses before puts, notifies and kernels), so that order-dependent bugs show.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=10_000).map(|v| v as usize))]
@@ -146,15 +153,8 @@ pub struct RunArgs {
     /// Where the ranks run.
     #[arg(long, value_enum, default_value = "shm")]
     pub backend: BackendArg,
-    /// Problem size, in the example's own unit (at least 1; it must fit in memory).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=pto_examples::MAX_SIZE as u64).map(|v| v as usize))]
-    pub size: Option<usize>,
-    /// Logical AIC cores per chip, 0 to 1024.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=1024))]
-    pub aic: u32,
-    /// Logical AIV cores per chip, 0 to 2048.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=2048))]
-    pub aiv: u32,
+    #[command(flatten)]
+    pub chip: ChipArgs,
     /// Write a Chrome trace (open it in Perfetto) to this file: lanes `rank R / chip / AIC0`,
     /// an arrow from each task to its consumers.
     #[arg(long)]

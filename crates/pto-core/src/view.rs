@@ -503,18 +503,20 @@ pub(crate) fn zero_fill(t: &Tensor) {
     });
 }
 
-impl KernelCtx<'_> {
-    /// Tensor argument `index` as an untyped view (for foreign kernels): writable when its mode
-    /// allows writing, else read-only; the whole tensor, or with `chunk` this block's rows of
-    /// dimension 0 (an SPMD task's blocks must take chunks of what they write).
-    ///
-    /// # Errors
-    ///
-    /// As [`KernelCtx::input`] / [`KernelCtx::output`], without the dtype check.
-    pub fn raw_view(&self, index: usize, chunk: bool) -> Result<RawView<'_>, KernelError> {
+impl<'a> KernelCtx<'a> {
+    /// Argument `index` borrowed for this block: its tensor, its region (the whole tensor, or
+    /// with `chunk` this block's rows of dimension 0) and the flag guard, taken exclusively
+    /// with `write` (after an exclusive borrow of a NO_DEP argument's region, which the
+    /// dispatcher registered as a read).
+    fn borrow_arg(
+        &self,
+        index: usize,
+        chunk: bool,
+        write: bool,
+    ) -> Result<(&'a Tensor, Region, FlagGuard<'_>), KernelError> {
         let (t, mode) = self.arg(index)?;
-        let write = mode.writable();
-        if !chunk && write && self.payload.block_num > 1 {
+        // Blocks of an SPMD task may not share a writable argument whole.
+        if !chunk && (write || mode.writable()) && self.payload.block_num > 1 {
             return Err(KernelError::SpmdShared {
                 index,
                 blocks: self.payload.block_num,
@@ -525,7 +527,7 @@ impl KernelCtx<'_> {
         } else {
             *t.region()
         };
-        if *mode == ArgMode::NoDep {
+        if write && *mode == ArgMode::NoDep {
             t.buffer()
                 .try_borrow(self.token, &region, true)
                 .map_err(|_| KernelError::DataRace {
@@ -535,6 +537,19 @@ impl KernelCtx<'_> {
         }
         let guard = FlagGuard::take(&self.flags[index], write)
             .ok_or(KernelError::AlreadyBorrowed { index })?;
+        Ok((t, region, guard))
+    }
+
+    /// Tensor argument `index` as an untyped view (for foreign kernels): writable when its mode
+    /// allows writing, else read-only; the whole tensor, or with `chunk` this block's rows of
+    /// dimension 0 (an SPMD task's blocks must take chunks of what they write).
+    ///
+    /// # Errors
+    ///
+    /// As [`KernelCtx::input`] / [`KernelCtx::output`], without the dtype check.
+    pub fn raw_view(&self, index: usize, chunk: bool) -> Result<RawView<'_>, KernelError> {
+        let write = self.arg(index)?.1.writable();
+        let (t, region, guard) = self.borrow_arg(index, chunk, write)?;
         // SAFETY: as in `read_view` / `write_view`: the dispatcher holds a borrow of every
         // argument's region (in its mode) until the kernel returns, and `region` fits the
         // buffer, so the offset is in bounds of the allocation.
@@ -546,35 +561,21 @@ impl KernelCtx<'_> {
             _guard: guard,
         })
     }
-}
 
-impl KernelCtx<'_> {
     pub(crate) fn read_view<T: Element>(
         &self,
         index: usize,
         chunk: bool,
     ) -> Result<TensorRef<'_, T>, KernelError> {
-        let (t, mode) = self.arg(index)?;
+        let mode = self.arg(index)?.1;
         if !mode.readable() {
             return Err(KernelError::Mode {
                 index,
-                mode: *mode,
+                mode,
                 wanted: "read",
             });
         }
-        if !chunk && mode.writable() && self.payload.block_num > 1 {
-            return Err(KernelError::SpmdShared {
-                index,
-                blocks: self.payload.block_num,
-            });
-        }
-        let region = if chunk {
-            self.chunk_region(t)
-        } else {
-            *t.region()
-        };
-        let guard = FlagGuard::take(&self.flags[index], false)
-            .ok_or(KernelError::AlreadyBorrowed { index })?;
+        let (t, region, guard) = self.borrow_arg(index, chunk, false)?;
         // SAFETY: the dispatcher registered a borrow of every tensor argument's region for this
         // task before calling the kernel and releases it only after the kernel returns; the
         // payload (and so the buffer) outlives `self`. Chunks of SPMD blocks are disjoint.
@@ -587,40 +588,19 @@ impl KernelCtx<'_> {
         index: usize,
         chunk: bool,
     ) -> Result<TensorMut<'_, T>, KernelError> {
-        let (t, mode) = self.arg(index)?;
+        let mode = self.arg(index)?.1;
         if !mode.writable() {
             return Err(KernelError::Mode {
                 index,
-                mode: *mode,
+                mode,
                 wanted: "written",
             });
         }
-        if !chunk && self.payload.block_num > 1 {
-            return Err(KernelError::SpmdShared {
-                index,
-                blocks: self.payload.block_num,
-            });
-        }
-        let region = if chunk {
-            self.chunk_region(t)
-        } else {
-            *t.region()
-        };
-        if *mode == ArgMode::NoDep {
-            // Untracked arguments were registered as reads; writing needs an exclusive borrow.
-            t.buffer()
-                .try_borrow(self.token, &region, true)
-                .map_err(|_| KernelError::DataRace {
-                    index,
-                    buffer: t.buffer().id(),
-                })?;
-        }
-        let guard = FlagGuard::take(&self.flags[index], true)
-            .ok_or(KernelError::AlreadyBorrowed { index })?;
-        // SAFETY: the dispatcher registered a write borrow of this region for the task (or we
-        // just did, for NO_DEP) that lasts until the kernel returns; the flag guard makes this
-        // the only live view of the argument in this block, and blocks of one task write
-        // disjoint chunks. The payload outlives `self`.
+        let (t, region, guard) = self.borrow_arg(index, chunk, true)?;
+        // SAFETY: the dispatcher registered a write borrow of this region for the task (or
+        // `borrow_arg` just did, for NO_DEP) that lasts until the kernel returns; the flag guard
+        // makes this the only live view of the argument in this block, and blocks of one task
+        // write disjoint chunks. The payload outlives `self`.
         unsafe { TensorMut::new(t, region, guard) }
             .map_err(|source| KernelError::Tensor { index, source })
     }

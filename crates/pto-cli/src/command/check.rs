@@ -63,9 +63,9 @@ fn one(a: &CheckArgs, args: &pto_examples::RunArgs, seed: Option<u64>) -> anyhow
 pub fn check(a: &CheckArgs) -> anyhow::Result<ExitCode> {
     pto::config::check_all()?;
     let args = pto_examples::RunArgs {
-        size: a.size,
+        size: a.chip.size,
         trace: false,
-        cores: (a.aic, a.aiv),
+        cores: (a.chip.aic, a.chip.aiv),
         backend: a.backend.backend(),
         on_child_exit: None,
     };

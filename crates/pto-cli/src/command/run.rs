@@ -122,9 +122,9 @@ fn run_args(a: &RunArgs) -> anyhow::Result<pto_examples::RunArgs> {
         }
     }
     Ok(pto_examples::RunArgs {
-        size: a.size,
+        size: a.chip.size,
         trace: a.trace.is_some() || a.dag.is_some(),
-        cores: (a.aic, a.aiv),
+        cores: (a.chip.aic, a.chip.aiv),
         backend,
         on_child_exit: None,
     })
