@@ -195,6 +195,30 @@ pub struct BenchArgs {
     /// The C plugin for `plugin` (built from examples/plugin/empty.c).
     #[arg(long)]
     pub plugin: Option<PathBuf>,
+    /// Collectives: the smallest message, in bytes (at least 1).
+    #[arg(short = 'b', long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=(1u64 << 32)).map(|v| v as usize))]
+    pub min_bytes: usize,
+    /// Collectives: the largest message, in bytes (up to 4 GiB).
+    #[arg(short = 'e', long, default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(1..=(1u64 << 32)).map(|v| v as usize))]
+    pub max_bytes: usize,
+    /// Collectives: each size is the one before times this, 2 to 1024.
+    #[arg(short = 'f', long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(2..=1024).map(|v| v as usize))]
+    pub step_factor: usize,
+    /// Collectives: timed calls per size, 1 to 1000000 (default: by size, 5 to 2000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+    pub iters: Option<usize>,
+    /// Collectives: untimed calls per size first, 0 to 100000.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=100_000).map(|v| v as usize))]
+    pub warmup: usize,
+    /// Collectives: the element type (float32, float64, int32, int64, float16, bfloat16).
+    #[arg(long, default_value = "float32")]
+    pub dtype: String,
+    /// Collectives: the reduction of allreduce and reduce_scatter (sum, max, min, prod).
+    #[arg(long, default_value = "sum")]
+    pub reduce_op: String,
+    /// Collectives: verify every rank's result and print how many elements were wrong.
+    #[arg(long)]
+    pub check: bool,
     /// Print JSON lines instead of text.
     #[arg(long)]
     pub json: bool,
@@ -206,8 +230,17 @@ pub enum BenchKind {
     Dag,
     /// Barrier, put bandwidth and signal ping-pong across ranks.
     Comm,
-    /// Allreduce (f32 sum) over OSU-style sizes from 8 B to 64 MiB.
+    /// Allreduce: time over ranks, algbw and busbw per size (-b, -e, -f, --dtype, --reduce-op,
+    /// --check; on --backend mpi, MPI_Allreduce beside it).
     Allreduce,
+    /// Allgather, as allreduce.
+    Allgather,
+    /// Reduce-scatter, as allreduce.
+    ReduceScatter,
+    /// Broadcast from rank 0, as allreduce.
+    Broadcast,
+    /// All-to-all, as allreduce.
+    AllToAll,
     /// Deferred completion: condition-to-consumer latency and completion-queue throughput.
     Deferred,
     /// The host Worker: init with 4 chips, and the round trip of an empty chip task.

@@ -164,3 +164,99 @@ fn run_writes_the_task_graph_and_a_trace_with_dependency_arrows() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_of_every_collective_checks_every_result_and_reports_nccl_fields() {
+    for backend in ["local", "shm"] {
+        for op in [
+            "allreduce",
+            "allgather",
+            "reduce-scatter",
+            "broadcast",
+            "all-to-all",
+        ] {
+            let (code, out, err) = pto(&[
+                "bench",
+                op,
+                "--backend",
+                backend,
+                "--ranks",
+                "3",
+                "-b",
+                "8",
+                "-e",
+                "1048576",
+                "-f",
+                "32",
+                "--iters",
+                "2",
+                "--warmup",
+                "1",
+                "--check",
+                "--json",
+            ]);
+            assert_eq!(code, 0, "{op} {backend}: {out}\n{err}");
+            let lines: Vec<serde_json::Value> = out
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert_eq!(lines[0]["bench"], "header", "{out}");
+            assert_eq!(lines[0]["ranks"], 3);
+            assert_eq!(lines[0]["backend"], backend);
+            let rows = &lines[1..];
+            assert_eq!(rows.len(), 4, "8 B to 1 MiB by 32: 8, 256, 8192, 262144: {out}");
+            for r in rows {
+                assert_eq!(r["wrong"], 0, "{op} {backend}: {r}");
+                for k in [
+                    "bytes",
+                    "count",
+                    "dtype",
+                    "algorithm",
+                    "time_min_us",
+                    "time_avg_us",
+                    "time_max_us",
+                    "algbw_gbps",
+                    "busbw_gbps",
+                ] {
+                    assert!(!r[k].is_null(), "{k} missing in {r}");
+                }
+                assert!(r["time_min_us"].as_f64() <= r["time_max_us"].as_f64());
+            }
+        }
+    }
+    // Other dtypes and reductions are checked too.
+    for (dtype, rop) in [
+        ("float16", "max"),
+        ("int64", "prod"),
+        ("float64", "min"),
+        ("bfloat16", "sum"),
+    ] {
+        let (code, out, err) = pto(&[
+            "bench",
+            "allreduce",
+            "--backend",
+            "local",
+            "--ranks",
+            "4",
+            "-e",
+            "4096",
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+            "--check",
+            "--json",
+            "--dtype",
+            dtype,
+            "--reduce-op",
+            rop,
+        ]);
+        assert_eq!(code, 0, "{dtype} {rop}: {out}\n{err}");
+        assert!(
+            out.lines().skip(1).all(|l| l.contains("\"wrong\":0")),
+            "{out}"
+        );
+    }
+    let (code, _, err) = pto(&["bench", "allreduce", "--dtype", "complex"]);
+    assert_eq!(code, 2, "{err}");
+}

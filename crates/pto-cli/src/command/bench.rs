@@ -194,10 +194,7 @@ fn granularity(chip: &Chip, threads: usize) -> anyhow::Result<Granularity> {
     Ok((None, seen))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+use super::stats::median;
 
 /// Runs the OpenMP anchor and parses `chain_ns_per_task=` and `fan_ns_per_task=`.
 fn omp(path: &Path, n: usize, threads: usize) -> anyhow::Result<(f64, f64)> {
@@ -219,7 +216,12 @@ fn omp(path: &Path, n: usize, threads: usize) -> anyhow::Result<(f64, f64)> {
 pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     match a.what {
         BenchKind::Dag => {}
-        BenchKind::Comm | BenchKind::Allreduce => return super::comm_bench::bench(a),
+        BenchKind::Comm
+        | BenchKind::Allreduce
+        | BenchKind::Allgather
+        | BenchKind::ReduceScatter
+        | BenchKind::Broadcast
+        | BenchKind::AllToAll => return super::comm_bench::bench(a),
         BenchKind::Deferred => return super::deferred_bench::bench(a),
         BenchKind::Worker => return super::worker_bench::bench(a),
         BenchKind::Plugin => return super::plugin_bench::bench(a),

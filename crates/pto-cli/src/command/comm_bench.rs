@@ -13,10 +13,7 @@ use crate::cli::BenchArgs;
 
 const SIZES: [usize; 4] = [8, 4096, 1 << 20, 64 << 20];
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+use super::stats::median;
 
 /// Microseconds per call of `f`, the median of 5 batches of `iters`.
 fn time_us(iters: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
@@ -185,13 +182,21 @@ fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<Vec<(usize, f64)>> {
 /// `--backend mpi`: pto's allreduce, then MPI's own `MPI_Allreduce` on the same ranks and
 /// sizes in the same job, and their ratio per size (`"bench": "allreduce_vs_mpi"`).
 #[cfg(feature = "mpi")]
-fn mpi_bench(a: &BenchArgs, is_allreduce: bool) -> anyhow::Result<ExitCode> {
+fn mpi_bench(
+    a: &BenchArgs,
+    is_allreduce: bool,
+    coll: Option<&super::coll_bench::Config>,
+) -> anyhow::Result<ExitCode> {
     if !pto_comm::mpi::detected() {
         return super::mpi_launch::relaunch(a.ranks);
     }
     let comm = pto_comm::mpi::init().context("starting MPI")?;
-    if !is_allreduce {
+    let Some(cfg) = coll else {
         run(&comm, a.json, "mpi")?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    super::coll_bench::run_rank(&comm, cfg)?;
+    if !is_allreduce {
         return Ok(ExitCode::SUCCESS);
     }
     let ours = allreduce(&comm, a.json)?;
@@ -225,6 +230,42 @@ fn mpi_bench(a: &BenchArgs, is_allreduce: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `pto bench <collective>` measures, from its arguments.
+fn coll_config(a: &BenchArgs, backend: &str) -> Option<super::coll_bench::Config> {
+    use super::coll_bench::Op;
+    let op = match a.what {
+        crate::cli::BenchKind::Allreduce => Op::Allreduce,
+        crate::cli::BenchKind::Allgather => Op::Allgather,
+        crate::cli::BenchKind::ReduceScatter => Op::ReduceScatter,
+        crate::cli::BenchKind::Broadcast => Op::Broadcast,
+        crate::cli::BenchKind::AllToAll => Op::AllToAll,
+        _ => return None,
+    };
+    Some(super::coll_bench::Config {
+        op,
+        min_bytes: a.min_bytes,
+        max_bytes: a.max_bytes,
+        step: a.step_factor,
+        iters: a.iters,
+        warmup: a.warmup,
+        dtype: a.dtype.clone(),
+        reduce_op: a.reduce_op.clone(),
+        check: a.check,
+        json: a.json,
+        backend: backend.to_string(),
+    })
+}
+
+/// The body of a rank process started by `bench` for a collective (its configuration in
+/// `PTO_BENCH_CFG`).
+pub fn coll_rank_main() -> anyhow::Result<ExitCode> {
+    let comm = pto_comm::shm::from_env()?.context("not started as a rank")?;
+    let cfg: super::coll_bench::Config =
+        serde_json::from_str(&std::env::var("PTO_BENCH_CFG").context("PTO_BENCH_CFG is not set")?)?;
+    super::coll_bench::run_rank(&comm, &cfg)?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// The body of a rank process started by `bench`.
 pub fn rank_main(allreduce_bench: bool) -> anyhow::Result<ExitCode> {
     let comm = pto_comm::shm::from_env()?.context("not started as a rank")?;
@@ -239,14 +280,41 @@ pub fn rank_main(allreduce_bench: bool) -> anyhow::Result<ExitCode> {
 
 pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     let is_allreduce = matches!(a.what, crate::cli::BenchKind::Allreduce);
+    let coll = coll_config(a, a.backend.backend().name());
+    if let Some(cfg) = &coll {
+        if a.min_bytes > a.max_bytes {
+            return Err(crate::exit::Usage(format!(
+                "-b/--min-bytes {} is above -e/--max-bytes {}",
+                a.min_bytes, a.max_bytes
+            ))
+            .into());
+        }
+        // Refuse a bad dtype or reduction before any rank starts.
+        if ![
+            "float32", "f32", "float64", "f64", "int32", "i32", "int64", "i64", "float16", "f16",
+            "bfloat16", "bf16",
+        ]
+        .contains(&cfg.dtype.as_str())
+        {
+            return Err(crate::exit::Usage(format!(
+                "--dtype {:?}: float32, float64, int32, int64, float16 or bfloat16",
+                cfg.dtype
+            ))
+            .into());
+        }
+        if !["sum", "max", "min", "prod"].contains(&cfg.reduce_op.as_str()) {
+            return Err(crate::exit::Usage(format!(
+                "--reduce-op {:?}: sum, max, min or prod",
+                cfg.reduce_op
+            ))
+            .into());
+        }
+    }
     match a.backend {
         BackendArg::Local => {
-            let results = pto_comm::local::run(a.ranks, |c| {
-                if is_allreduce {
-                    allreduce(&c, a.json).map(|_| ()).map_err(|e| e.to_string())
-                } else {
-                    run(&c, a.json, "local").map_err(|e| e.to_string())
-                }
+            let results = pto_comm::local::run(a.ranks, |c| match &coll {
+                Some(cfg) => super::coll_bench::run_rank(&c, cfg).map_err(|e| e.to_string()),
+                None => run(&c, a.json, "local").map_err(|e| e.to_string()),
             })?;
             for (r, res) in results.into_iter().enumerate() {
                 match res {
@@ -263,8 +331,8 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 let mut cmd = Command::new(&exe);
                 cmd.args([
                     "__rank",
-                    if is_allreduce {
-                        "bench-allreduce"
+                    if coll.is_some() {
+                        "bench-coll"
                     } else {
                         "bench-comm"
                     },
@@ -275,6 +343,9 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 if a.json {
                     cmd.env("PTO_BENCH_JSON", "1");
                 }
+                if let Some(cfg) = &coll {
+                    cmd.env("PTO_BENCH_CFG", serde_json::to_string(cfg)?);
+                }
                 world.spawn(r, cmd)?;
             }
             for (r, st) in world.wait(Duration::from_secs(600))? {
@@ -284,9 +355,12 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             }
         }
         #[cfg(feature = "mpi")]
-        BackendArg::Mpi => return mpi_bench(a, is_allreduce),
+        BackendArg::Mpi => return mpi_bench(a, is_allreduce, coll.as_ref()),
         #[cfg(not(feature = "mpi"))]
-        BackendArg::Mpi => return Err(crate::exit::no_mpi()),
+        BackendArg::Mpi => {
+            let _ = is_allreduce;
+            return Err(crate::exit::no_mpi());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -17,15 +17,7 @@ use serde_json::json;
 
 use crate::cli::BenchArgs;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p) as usize]
-}
+use super::stats::{median, percentile};
 
 /// Latencies (µs) from "condition set" to "consumer kernel started", one per pair.
 fn condition_latency(pairs: usize, threads: usize) -> anyhow::Result<Vec<f64>> {
@@ -205,7 +197,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     condition_latency(100, threads)?; // warm-up
     let lat = condition_latency(pairs, threads)?;
     let cv = condvar_latency(pairs.min(2000));
-    let (med, p90) = (median(lat.clone()), percentile(lat, 0.9));
+    let (med, p90) = (median(lat.clone()), percentile(&lat, 90.0));
     let cv_med = median(cv);
     let n = 10_000_000u64;
     let q = median((0..a.reps.max(1)).map(|_| queue_throughput(n)).collect());

@@ -3,12 +3,14 @@
 mod bench;
 mod check;
 mod clean;
+mod coll_bench;
 mod comm_bench;
 mod deferred_bench;
 #[cfg(feature = "mpi")]
 mod mpi_launch;
 mod plugin_bench;
 mod run;
+mod stats;
 mod worker_bench;
 
 use std::process::ExitCode;
@@ -61,6 +63,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rank { job } => match job.as_str() {
             "bench-comm" => comm_bench::rank_main(false),
             "bench-allreduce" => comm_bench::rank_main(true),
+            "bench-coll" => comm_bench::coll_rank_main(),
             other => Err(crate::exit::Usage(format!("unknown rank job {other:?}")).into()),
         },
         Command::Env => {

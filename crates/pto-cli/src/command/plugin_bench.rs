@@ -19,10 +19,7 @@ use crate::cli::BenchArgs;
 
 const SCOPE: usize = 1024;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+use super::stats::median;
 
 /// Nanoseconds per task of `n` tasks of `kernel` (with `cell` INOUT when `chain`).
 fn time(

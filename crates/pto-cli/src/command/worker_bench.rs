@@ -11,10 +11,7 @@ use serde_json::json;
 
 use crate::cli::BenchArgs;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+use super::stats::median;
 
 pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     let reps = a.reps.max(1);

@@ -44,13 +44,7 @@ impl Collectives {
         {
             return self.library_allreduce(data, op);
         }
-        let algo = match algo {
-            Algorithm::Auto if std::mem::size_of_val(data) <= MESH_MAX_BYTES || self.n() <= 2 => {
-                Algorithm::Mesh
-            }
-            Algorithm::Auto => Algorithm::TwoPhase,
-            a => a,
-        };
+        let algo = self.resolve(algo, std::mem::size_of_val(data));
         for piece in data.chunks_mut(self.elems::<T>().max(1)) {
             match algo {
                 Algorithm::TwoPhase => self.allreduce_two_phase(piece, op)?,
@@ -64,6 +58,33 @@ impl Collectives {
             self.ready(e)?;
         }
         Ok(())
+    }
+
+    /// What [`Algorithm::Auto`] (or `algo`) runs for `bytes` of data on these ranks.
+    fn resolve(&self, algo: Algorithm, bytes: usize) -> Algorithm {
+        match algo {
+            Algorithm::Auto if bytes <= MESH_MAX_BYTES || self.n() <= 2 => Algorithm::Mesh,
+            Algorithm::Auto => Algorithm::TwoPhase,
+            a => a,
+        }
+    }
+
+    /// The name of the algorithm an [`Algorithm::Auto`] allreduce of `bytes` bytes of `T`
+    /// uses here (`mesh`, `two-phase`, `ring`, or `library` when MPI's own runs it), for
+    /// benchmark reports.
+    pub fn allreduce_algorithm<T: Reducible>(&self, bytes: usize) -> &'static str {
+        let on_library_by_choice =
+            library_reduces(T::DTYPE) && MPI_ALLREDUCE_BYTES.contains(&bytes);
+        if self.w.library().is_some()
+            || (on_library_by_choice && self.comm().inner.io.library().is_some())
+        {
+            return "library";
+        }
+        match self.resolve(Algorithm::Auto, bytes) {
+            Algorithm::TwoPhase => "two-phase",
+            Algorithm::Ring => "ring",
+            _ => "mesh",
+        }
     }
 
     fn allreduce_mesh<T: Reducible>(&self, data: &mut [T], op: ReduceOp) -> Result<(), CommError> {

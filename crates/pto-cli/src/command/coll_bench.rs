@@ -1,0 +1,408 @@
+//! `pto bench allreduce|allgather|reduce_scatter|broadcast|all_to_all`: nccl-tests style.
+//! Sizes from `-b` to `-e` by factor `-f`; per size, every rank times `--iters` calls after
+//! `--warmup`, and rank 0 prints the time over ranks (min/avg/max), algbw and busbw (nccl-tests'
+//! definitions), the algorithm chosen and, with `--check`, how many elements were wrong on
+//! every rank. Output comes from typed rows: a table, or JSON lines with `--json`.
+
+use std::time::Instant;
+
+use anyhow::bail;
+use pto_comm::{Collectives, Comm, ReduceOp, Reducible};
+use serde::{Deserialize, Serialize};
+
+/// Which collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    Allreduce,
+    Allgather,
+    ReduceScatter,
+    Broadcast,
+    AllToAll,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Allreduce => "allreduce",
+            Op::Allgather => "allgather",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::Broadcast => "broadcast",
+            Op::AllToAll => "all_to_all",
+        }
+    }
+
+    /// nccl-tests' bus bandwidth factor for `n` ranks.
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Op::Allreduce => 2.0 * (n - 1.0) / n,
+            Op::Allgather | Op::ReduceScatter | Op::AllToAll => (n - 1.0) / n,
+            Op::Broadcast => 1.0,
+        }
+    }
+}
+
+/// What every rank measures (sent to rank processes as JSON).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Config {
+    pub op: Op,
+    pub min_bytes: usize,
+    pub max_bytes: usize,
+    pub step: usize,
+    pub iters: Option<usize>,
+    pub warmup: usize,
+    pub dtype: String,
+    pub reduce_op: String,
+    pub check: bool,
+    pub json: bool,
+    pub backend: String,
+}
+
+/// The first line: what was run where.
+#[derive(Serialize)]
+struct Header<'a> {
+    bench: &'static str,
+    op: &'static str,
+    host: String,
+    backend: &'a str,
+    ranks: usize,
+    version: &'static str,
+    dtype: &'a str,
+    reduce_op: &'a str,
+}
+
+/// One size's figures.
+#[derive(Serialize)]
+struct Row {
+    bench: &'static str,
+    bytes: usize,
+    count: usize,
+    dtype: String,
+    algorithm: &'static str,
+    time_min_us: f64,
+    time_avg_us: f64,
+    time_max_us: f64,
+    algbw_gbps: f64,
+    busbw_gbps: f64,
+    wrong: Option<u64>,
+}
+
+const COLUMNS: [(&str, usize); 10] = [
+    ("bytes", 12),
+    ("count", 11),
+    ("dtype", 9),
+    ("algorithm", 10),
+    ("min_us", 11),
+    ("avg_us", 11),
+    ("max_us", 11),
+    ("algbw_GB/s", 11),
+    ("busbw_GB/s", 11),
+    ("wrong", 6),
+];
+
+fn table_line(cells: &[String]) -> String {
+    cells
+        .iter()
+        .zip(COLUMNS)
+        .map(|(c, (_, w))| format!("{c:>w$}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn print_row(json: bool, r: &Row) {
+    if json {
+        println!("{}", serde_json::to_string(r).unwrap_or_default());
+        return;
+    }
+    let f = |x: f64| format!("{x:.2}");
+    println!(
+        "{}",
+        table_line(&[
+            r.bytes.to_string(),
+            r.count.to_string(),
+            r.dtype.clone(),
+            r.algorithm.to_string(),
+            f(r.time_min_us),
+            f(r.time_avg_us),
+            f(r.time_max_us),
+            f(r.algbw_gbps),
+            f(r.busbw_gbps),
+            r.wrong.map_or_else(|| "-".into(), |w| w.to_string()),
+        ])
+    );
+}
+
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// An element type the benchmark can fill and check.
+trait Elem: Reducible {
+    fn of(x: f64) -> Self;
+    fn to(self) -> f64;
+}
+
+macro_rules! elem {
+    ($t:ty, $of:expr, $to:expr) => {
+        impl Elem for $t {
+            fn of(x: f64) -> Self {
+                $of(x)
+            }
+            fn to(self) -> f64 {
+                $to(self)
+            }
+        }
+    };
+}
+elem!(f32, |x| x as f32, f64::from);
+elem!(f64, |x| x, |x| x);
+elem!(i32, |x| x as i32, f64::from);
+elem!(i64, |x| x as i64, |x| x as f64);
+elem!(half::f16, half::f16::from_f64, half::f16::to_f64);
+elem!(half::bf16, half::bf16::from_f64, half::bf16::to_f64);
+
+fn reduce_op(s: &str) -> anyhow::Result<ReduceOp> {
+    Ok(match s {
+        "sum" => ReduceOp::Sum,
+        "max" => ReduceOp::Max,
+        "min" => ReduceOp::Min,
+        "prod" => ReduceOp::Prod,
+        o => bail!("--reduce-op {o:?}: sum, max, min or prod"),
+    })
+}
+
+/// Rank `r`'s input value at `i` (small integers, exact in every dtype).
+fn input(r: usize, i: usize, op: ReduceOp) -> f64 {
+    match op {
+        ReduceOp::Prod => ((i + r) % 2 + 1) as f64,
+        _ => ((r + 1) * (i % 7 + 1)) as f64,
+    }
+}
+
+fn reduced(n: usize, i: usize, op: ReduceOp) -> f64 {
+    let vals = (0..n).map(|r| input(r, i, op));
+    match op {
+        ReduceOp::Sum => vals.sum(),
+        ReduceOp::Max => vals.fold(f64::MIN, f64::max),
+        ReduceOp::Min => vals.fold(f64::MAX, f64::min),
+        _ => vals.product(),
+    }
+}
+
+/// The sizes from `min` to `max`, multiplied by `step` each time.
+fn sizes(cfg: &Config) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut b = cfg.min_bytes.max(1);
+    while b <= cfg.max_bytes {
+        v.push(b);
+        if cfg.step <= 1 {
+            break;
+        }
+        b = b.saturating_mul(cfg.step);
+    }
+    v
+}
+
+/// Every rank runs this; rank 0 prints.
+pub fn run_rank(comm: &Comm, cfg: &Config) -> anyhow::Result<()> {
+    let co = Collectives::new(comm, 16 << 20)?;
+    let op = reduce_op(&cfg.reduce_op)?;
+    if comm.rank() == 0 {
+        let h = Header {
+            bench: "header",
+            op: cfg.op.name(),
+            host: host(),
+            backend: &cfg.backend,
+            ranks: comm.size(),
+            version: env!("CARGO_PKG_VERSION"),
+            dtype: &cfg.dtype,
+            reduce_op: &cfg.reduce_op,
+        };
+        if cfg.json {
+            println!("{}", serde_json::to_string(&h)?);
+        } else {
+            println!(
+                "# pto bench {}: host {}, backend {}, {} ranks, pto {}, dtype {}{}",
+                h.op,
+                h.host,
+                h.backend,
+                h.ranks,
+                h.version,
+                h.dtype,
+                if cfg.op == Op::Allreduce || cfg.op == Op::ReduceScatter {
+                    format!(", op {}", h.reduce_op)
+                } else {
+                    String::new()
+                }
+            );
+            println!(
+                "{}",
+                table_line(&COLUMNS.iter().map(|c| c.0.to_string()).collect::<Vec<_>>())
+            );
+        }
+    }
+    for bytes in sizes(cfg) {
+        let row = match cfg.dtype.as_str() {
+            "float32" | "f32" => measure::<f32>(&co, comm, cfg, op, bytes)?,
+            "float64" | "f64" => measure::<f64>(&co, comm, cfg, op, bytes)?,
+            "int32" | "i32" => measure::<i32>(&co, comm, cfg, op, bytes)?,
+            "int64" | "i64" => measure::<i64>(&co, comm, cfg, op, bytes)?,
+            "float16" | "f16" => measure::<half::f16>(&co, comm, cfg, op, bytes)?,
+            "bfloat16" | "bf16" => measure::<half::bf16>(&co, comm, cfg, op, bytes)?,
+            d => bail!("--dtype {d:?}: float32, float64, int32, int64, float16 or bfloat16"),
+        };
+        if comm.rank() == 0 {
+            print_row(cfg.json, &row);
+        }
+    }
+    comm.barrier()?;
+    Ok(())
+}
+
+/// One call of the collective on the buffers; `out` receives results where the call does not
+/// work in place.
+fn call<T: Elem>(
+    co: &Collectives,
+    op: Op,
+    rop: ReduceOp,
+    data: &mut [T],
+    out: &mut Vec<T>,
+) -> anyhow::Result<()> {
+    match op {
+        Op::Allreduce => co.allreduce(data, rop)?,
+        Op::Allgather => co.allgather(data, out)?,
+        Op::ReduceScatter => *out = co.reduce_scatter(data, rop)?,
+        Op::Broadcast => co.broadcast(data, 0)?,
+        Op::AllToAll => co.all_to_all(data, out)?,
+    }
+    Ok(())
+}
+
+fn measure<T: Elem>(
+    co: &Collectives,
+    comm: &Comm,
+    cfg: &Config,
+    rop: ReduceOp,
+    bytes: usize,
+) -> anyhow::Result<Row> {
+    let (me, n) = (comm.rank(), comm.size());
+    let size = std::mem::size_of::<T>();
+    // `count` as nccl-tests counts it: the whole buffer (allgather: the output; reduce_scatter
+    // and all_to_all: the input, a multiple of the rank count).
+    let mut count = (bytes / size).max(1);
+    if matches!(cfg.op, Op::Allgather | Op::ReduceScatter | Op::AllToAll) {
+        count = count.div_ceil(n) * n;
+    }
+    let mine = if cfg.op == Op::Allgather {
+        count / n
+    } else {
+        count
+    };
+    let mut data: Vec<T> = (0..mine).map(|i| T::of(input(me, i, rop))).collect();
+    let mut out: Vec<T> = vec![
+        T::of(0.0);
+        if cfg.op == Op::Allgather || cfg.op == Op::AllToAll {
+            count
+        } else {
+            0
+        }
+    ];
+    let iters = cfg
+        .iters
+        .unwrap_or(((64usize << 20) / bytes.max(1)).clamp(5, 2000));
+    for _ in 0..cfg.warmup {
+        call(co, cfg.op, rop, &mut data, &mut out)?;
+    }
+    comm.barrier()?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        call(co, cfg.op, rop, &mut data, &mut out)?;
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / iters.max(1) as f64;
+    let mut all = vec![0f64; n];
+    co.allgather(&[us], &mut all)?;
+    let wrong = if cfg.check {
+        let w = check::<T>(co, cfg.op, rop, me, n, count)?;
+        let mut ws = vec![0u64; n];
+        co.allgather(&[w], &mut ws)?;
+        Some(ws.iter().sum())
+    } else {
+        None
+    };
+    let avg = all.iter().sum::<f64>() / n as f64;
+    let min = all.iter().copied().fold(f64::MAX, f64::min);
+    let max = all.iter().copied().fold(f64::MIN, f64::max);
+    let total = count * size;
+    let algbw = total as f64 / avg / 1e3;
+    let r2 = |x: f64| (x * 100.0).round() / 100.0;
+    Ok(Row {
+        bench: cfg.op.name(),
+        bytes: total,
+        count,
+        dtype: T::DTYPE.to_string(),
+        algorithm: match cfg.op {
+            Op::Allreduce => co.allreduce_algorithm::<T>(total),
+            _ => "mesh",
+        },
+        time_min_us: r2(min),
+        time_avg_us: r2(avg),
+        time_max_us: r2(max),
+        algbw_gbps: r2(algbw),
+        busbw_gbps: r2(algbw * cfg.op.bus_factor(n)),
+        wrong,
+    })
+}
+
+/// One call on fresh inputs; how many elements of this rank's result are wrong.
+fn check<T: Elem>(
+    co: &Collectives,
+    op: Op,
+    rop: ReduceOp,
+    me: usize,
+    n: usize,
+    count: usize,
+) -> anyhow::Result<u64> {
+    let mine = if op == Op::Allgather {
+        count / n
+    } else {
+        count
+    };
+    let mut data: Vec<T> = (0..mine).map(|i| T::of(input(me, i, rop))).collect();
+    let mut out: Vec<T> = vec![
+        T::of(-1.0);
+        if op == Op::Allgather || op == Op::AllToAll {
+            count
+        } else {
+            0
+        }
+    ];
+    call(co, op, rop, &mut data, &mut out)?;
+    let bad = |got: T, want: f64| (got.to() - want).abs() > 1e-6 * want.abs().max(1.0);
+    let block = count / n;
+    let wrong = match op {
+        Op::Allreduce => (0..count)
+            .filter(|&i| bad(data[i], reduced(n, i, rop)))
+            .count(),
+        Op::Allgather => (0..count)
+            .filter(|&i| bad(out[i], input(i / block, i % block, rop)))
+            .count(),
+        Op::ReduceScatter => (0..out.len())
+            .filter(|&j| {
+                // This rank's share: its block of the reduced vector.
+                let share = pto_core::block_range(count, me as u32, n as u32);
+                bad(out[j], reduced(n, share.start + j, rop))
+            })
+            .count(),
+        Op::Broadcast => (0..count)
+            .filter(|&i| bad(data[i], input(0, i, rop)))
+            .count(),
+        // Block s of the result is block `me` of rank s's input.
+        Op::AllToAll => (0..count)
+            .filter(|&i| bad(out[i], input(i / block, me * block + i % block, rop)))
+            .count(),
+    };
+    Ok(wrong as u64)
+}
