@@ -204,7 +204,11 @@ fn bench_of_every_collective_checks_every_result_and_reports_nccl_fields() {
             assert_eq!(lines[0]["ranks"], 3);
             assert_eq!(lines[0]["backend"], backend);
             let rows = &lines[1..];
-            assert_eq!(rows.len(), 4, "8 B to 1 MiB by 32: 8, 256, 8192, 262144: {out}");
+            assert_eq!(
+                rows.len(),
+                4,
+                "8 B to 1 MiB by 32: 8, 256, 8192, 262144: {out}"
+            );
             for r in rows {
                 assert_eq!(r["wrong"], 0, "{op} {backend}: {r}");
                 for k in [
