@@ -214,3 +214,26 @@ fn allreduce_in_a_window_needs_no_staging() {
         }
     }
 }
+
+#[test]
+fn ranks_that_pass_different_lengths_or_ops_to_an_allreduce_all_get_an_error_naming_a_peer() {
+    for case in 0..2 {
+        let results = pto_comm::local::run(3, |c| {
+            let co = pto_comm::Collectives::new(&c, 1 << 12)?;
+            let mut v = vec![1.0f32; if case == 0 { 4 + c.rank() } else { 4 }];
+            let op = if case == 1 && c.rank() == 2 {
+                pto_comm::ReduceOp::Max
+            } else {
+                pto_comm::ReduceOp::Sum
+            };
+            co.allreduce(&mut v, op)
+        })
+        .unwrap();
+        for (r, res) in results.into_iter().enumerate() {
+            let e = res.unwrap().unwrap_err().to_string();
+            let want = if case == 0 { "length in bytes" } else { "element type and operation" };
+            assert!(e.contains("peers disagree on the allreduce's") && e.contains(want), "rank {r}: {e}");
+            assert!(e.contains("(from rank "), "rank {r}: {e}");
+        }
+    }
+}

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use numpy::{PyReadonlyArray1, PyReadwriteArray1, PyReadwriteArrayDyn, PyUntypedArrayMethods};
+use numpy::{PyReadonlyArray1, PyReadwriteArray1, PyReadwriteArrayDyn};
 use pto_comm::{Collectives, ReduceOp};
 use pto_core::DType;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyTypeError, PyValueError};
@@ -171,22 +171,11 @@ impl Comm {
     ) -> PyResult<()> {
         self.usable()?;
         let op = reduce_op(op)?;
-        let op_code = match op {
-            ReduceOp::Sum => 0,
-            ReduceOp::Max => 1,
-            ReduceOp::Min => 2,
-            _ => 3,
-        };
         macro_rules! go {
-            ($t:ty, $d:expr) => {
+            ($t:ty) => {
                 if let Ok(mut arr) = a.extract::<PyReadwriteArrayDyn<'_, $t>>() {
-                    let bytes = (arr.len() * std::mem::size_of::<$t>()) as u64;
-                    self.agree(
-                        py,
-                        "allreduce",
-                        [bytes, dtype_code($d), op_code],
-                        show_reduce,
-                    )?;
+                    // The ranks' lengths, dtypes and ops are compared inside the allreduce's
+                    // own exchange (an error naming a peer, on every rank).
                     let s = arr.as_slice_mut().map_err(|_| {
                         PyValueError::new_err("allreduce: the array must be C-contiguous")
                     })?;
@@ -194,11 +183,11 @@ impl Comm {
                 }
             };
         }
-        go!(f32, DType::F32);
-        go!(f64, DType::F64);
-        go!(i32, DType::I32);
-        go!(i64, DType::I64);
-        go!(half::f16, DType::F16);
+        go!(f32);
+        go!(f64);
+        go!(i32);
+        go!(i64);
+        go!(half::f16);
         Err(PyTypeError::new_err(
             "allreduce supports writable float16, float32, float64, int32 and int64 arrays",
         ))

@@ -3,7 +3,7 @@
 
 use pto_core::block_range;
 
-use super::{Algorithm, Collectives, LINE, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES};
+use super::{op_code, Agreed, Algorithm, Collectives, LINE, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES};
 use crate::backend::library_reduces;
 use crate::error::CommError;
 use crate::reduce::{ReduceOp, Reducible};
@@ -45,11 +45,16 @@ impl Collectives {
             return self.library_allreduce(data, op);
         }
         let algo = self.resolve(algo, std::mem::size_of_val(data));
+        // What every rank must pass alike, compared in each piece's ready exchange.
+        let desc = Agreed {
+            bytes: std::mem::size_of_val(data) as u64,
+            kind: (T::DTYPE as u64) << 8 | op_code(op),
+        };
         for piece in data.chunks_mut(self.elems::<T>().max(1)) {
             match algo {
-                Algorithm::TwoPhase => self.allreduce_two_phase(piece, op)?,
-                Algorithm::Ring => self.allreduce_ring(piece, op)?,
-                _ => self.allreduce_mesh(piece, op)?,
+                Algorithm::TwoPhase => self.allreduce_two_phase(piece, op, desc)?,
+                Algorithm::Ring => self.allreduce_ring(piece, op, desc)?,
+                _ => self.allreduce_mesh(piece, op, desc)?,
             }
         }
         if data.is_empty() {
@@ -87,11 +92,16 @@ impl Collectives {
         }
     }
 
-    fn allreduce_mesh<T: Reducible>(&self, data: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+    fn allreduce_mesh<T: Reducible>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+        desc: Agreed,
+    ) -> Result<(), CommError> {
         let e = self.next_epoch();
         let off = self.area(0, e);
         self.stage(off, data)?;
-        self.ready(e)?;
+        self.ready_agreed(e, desc)?;
         let (me, n) = (self.me(), self.n());
         // Combine in rank order on every rank (x0 ⊕ x1 ⊕ ...), so every rank gets bit-identical
         // results. Work in blocks that stay in cache: each source is read once, the output
@@ -129,12 +139,17 @@ impl Collectives {
         Ok(())
     }
 
-    fn allreduce_ring<T: Reducible>(&self, data: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+    fn allreduce_ring<T: Reducible>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+        desc: Agreed,
+    ) -> Result<(), CommError> {
         let (me, n) = (self.me(), self.n());
         let e = self.next_epoch();
         let off = self.area(0, e);
         self.stage(off, data)?;
-        self.ready(e)?;
+        self.ready_agreed(e, desc)?;
         if n == 1 {
             return Ok(());
         }
@@ -203,12 +218,13 @@ impl Collectives {
         &self,
         data: &mut [T],
         op: ReduceOp,
+        desc: Agreed,
     ) -> Result<(), CommError> {
         let (me, n) = (self.me(), self.n());
         let e = self.next_epoch();
         let (stage, result) = (self.area(0, e), self.area(1, e));
         self.stage(stage, data)?;
-        self.ready(e)?;
+        self.ready_agreed(e, desc)?;
         // Phase 1: reduce my share from every rank's staging into my result area.
         let mine = block_range(data.len(), me as u32, n as u32);
         let mut acc: Vec<T> = {

@@ -42,6 +42,30 @@ pub const MESH_MAX_BYTES: usize = 64 << 10;
 
 pub(super) const LINE: usize = 64;
 
+/// Where in a rank's flag line its arguments go (two words, by epoch parity): `+0` is the
+/// ready flag, `+4` the second phase's, `+8` the ring's.
+const AGREED_AT: usize = 16;
+
+/// What every rank of a collective call must pass alike: the byte count and a code of the
+/// element type and operation. Each rank writes its own into every peer's line before its
+/// ready flag and compares the peers' after them: a call whose ranks disagree fails on every
+/// rank, naming the rank and both values, in the same exchange (no extra round trip).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Agreed {
+    pub(super) bytes: u64,
+    pub(super) kind: u64,
+}
+
+/// A reduction's code in [`Agreed::kind`].
+pub(super) fn op_code(op: ReduceOp) -> u64 {
+    match op {
+        ReduceOp::Sum => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+        ReduceOp::Prod => 4,
+    }
+}
+
 /// On the MPI backend with shared windows, [`Algorithm::Auto`] hands allreduces of this many
 /// bytes (and a dtype MPI reduces) to MPI's own `MPI_Allreduce`: in `pto bench allreduce
 /// --backend mpi` on 2 and 4 ranks it was as fast or up to 1.2x faster there, and pto's own
@@ -131,6 +155,55 @@ impl Collectives {
 
     pub(super) fn ready(&self, epoch: u32) -> Result<(), CommError> {
         self.exchange(0, epoch)
+    }
+
+    /// [`Collectives::ready`], comparing what every rank passed ([`Agreed`]). The words are
+    /// double-buffered by epoch parity: a peer rewrites this epoch's only two epochs later,
+    /// after it has seen this rank's next ready flag, which comes after this comparison.
+    pub(super) fn ready_agreed(&self, epoch: u32, a: Agreed) -> Result<(), CommError> {
+        let (me, n) = (self.me(), self.n());
+        let at = AGREED_AT + 16 * (epoch as usize & 1);
+        let mut words = [0u8; 16];
+        words[..8].copy_from_slice(&a.bytes.to_le_bytes());
+        words[8..].copy_from_slice(&a.kind.to_le_bytes());
+        for p in 0..n {
+            if p != me {
+                // Visible to `p` before this rank's ready flag (the notify releases it).
+                self.w.put(p, me * LINE + at, &words)?;
+            }
+        }
+        self.ready(epoch)?;
+        for p in 0..n {
+            if p == me {
+                continue;
+            }
+            let mut theirs = [0u8; 16];
+            self.w.get(me, p * LINE + at, &mut theirs)?;
+            let word = |b: &[u8]| {
+                let mut x = [0u8; 8];
+                x.copy_from_slice(b);
+                u64::from_le_bytes(x)
+            };
+            let (bytes, kind) = (word(&theirs[..8]), word(&theirs[8..]));
+            let peer = self.comm().world_rank_of(p)?;
+            if bytes != a.bytes {
+                return Err(CommError::Mismatch {
+                    what: "the allreduce's length in bytes",
+                    theirs: bytes,
+                    source_desc: format!("rank {peer}"),
+                    ours: a.bytes,
+                });
+            }
+            if kind != a.kind {
+                return Err(CommError::Mismatch {
+                    what: "the allreduce's element type and operation (codes)",
+                    theirs: kind,
+                    source_desc: format!("rank {peer}"),
+                    ours: a.kind,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Rank `r`'s area at `off`, `len` elements, read in place. Only under the epoch
