@@ -231,8 +231,15 @@ fn ranks_that_pass_different_lengths_or_ops_to_an_allreduce_all_get_an_error_nam
         .unwrap();
         for (r, res) in results.into_iter().enumerate() {
             let e = res.unwrap().unwrap_err().to_string();
-            let want = if case == 0 { "length in bytes" } else { "element type and operation" };
-            assert!(e.contains("peers disagree on the allreduce's") && e.contains(want), "rank {r}: {e}");
+            let want = if case == 0 {
+                "length in bytes"
+            } else {
+                "element type and operation"
+            };
+            assert!(
+                e.contains("peers disagree on the allreduce's") && e.contains(want),
+                "rank {r}: {e}"
+            );
             assert!(e.contains("(from rank "), "rank {r}: {e}");
         }
     }
