@@ -80,14 +80,14 @@ def test_read_only_arrays_and_different_shapes_are_clear_errors(backend):
     def shapes(c):
         c.allreduce(np.ones(4 + c.rank, dtype="float32"))
 
-    with pytest.raises(pto.CommError, match="peers disagree on the allreduce's length in bytes") as info:
+    with pytest.raises(pto.CommError, match="allreduce: the ranks passed different arguments") as info:
         pto.run_ranks(3, shapes, backend=backend)
-    assert "(from rank " in str(info.value), str(info.value)
+    assert "rank 0: 16 bytes of f32" in str(info.value) and "rank 2: 24 bytes" in str(info.value)
 
     def ops(c):
         c.allreduce(np.ones(4, dtype="float32"), "max" if c.rank == 1 else "sum")
 
-    with pytest.raises(pto.CommError, match="element type and operation"):
+    with pytest.raises(pto.CommError, match="op max"):
         pto.run_ranks(3, ops, backend=backend)
 
 

@@ -98,6 +98,16 @@ pub enum CommError {
         /// This rank's value.
         ours: u64,
     },
+    /// The ranks of a collective call passed different arguments (every rank gets it).
+    #[error(
+        "{what}: the ranks passed different arguments ({each}); every rank must pass the same"
+    )]
+    Disagree {
+        /// The call.
+        what: &'static str,
+        /// What each rank passed, in rank order.
+        each: String,
+    },
     /// A peer died (killed or crashed) while this rank waited for it.
     #[error("rank {rank} (pid {pid}) died")]
     PeerDied {

@@ -56,6 +56,21 @@ pub(super) struct Agreed {
     pub(super) kind: u64,
 }
 
+/// [`Agreed::kind`] in words: `f32, op sum`.
+fn describe_kind(kind: u64) -> String {
+    let dtype = pto_core::DType::ALL
+        .get((kind >> 8) as usize)
+        .map_or_else(|| "?".to_string(), ToString::to_string);
+    let op = match kind & 0xff {
+        1 => "sum",
+        2 => "max",
+        3 => "min",
+        4 => "prod",
+        _ => "?",
+    };
+    format!("{dtype}, op {op}")
+}
+
 /// A reduction's code in [`Agreed::kind`].
 pub(super) fn op_code(op: ReduceOp) -> u64 {
     match op {
@@ -173,35 +188,34 @@ impl Collectives {
             }
         }
         self.ready(epoch)?;
+        let word = |b: &[u8]| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(b);
+            u64::from_le_bytes(x)
+        };
+        let mut all = Vec::with_capacity(n);
         for p in 0..n {
             if p == me {
+                all.push((a.bytes, a.kind));
                 continue;
             }
             let mut theirs = [0u8; 16];
             self.w.get(me, p * LINE + at, &mut theirs)?;
-            let word = |b: &[u8]| {
-                let mut x = [0u8; 8];
-                x.copy_from_slice(b);
-                u64::from_le_bytes(x)
-            };
-            let (bytes, kind) = (word(&theirs[..8]), word(&theirs[8..]));
-            let peer = self.comm().world_rank_of(p)?;
-            if bytes != a.bytes {
-                return Err(CommError::Mismatch {
-                    what: "the allreduce's length in bytes",
-                    theirs: bytes,
-                    source_desc: format!("rank {peer}"),
-                    ours: a.bytes,
-                });
-            }
-            if kind != a.kind {
-                return Err(CommError::Mismatch {
-                    what: "the allreduce's element type and operation (codes)",
-                    theirs: kind,
-                    source_desc: format!("rank {peer}"),
-                    ours: a.kind,
-                });
-            }
+            all.push((word(&theirs[..8]), word(&theirs[8..])));
+        }
+        if all.iter().any(|x| *x != (a.bytes, a.kind)) {
+            let each: Vec<String> = all
+                .iter()
+                .enumerate()
+                .map(|(p, (bytes, kind))| {
+                    let rank = self.comm().world_rank_of(p).unwrap_or(p);
+                    format!("rank {rank}: {bytes} bytes of {}", describe_kind(*kind))
+                })
+                .collect();
+            return Err(CommError::Disagree {
+                what: "allreduce",
+                each: each.join("; "),
+            });
         }
         Ok(())
     }
