@@ -254,29 +254,36 @@ impl<'a, T: Element> TensorMut<'a, T> {
     }
 }
 
+/// The geometry of a view (anything with a `region`): shape, strides, element count.
+macro_rules! geometry_methods {
+    () => {
+        /// The shape.
+        pub fn shape(&self) -> &[usize] {
+            self.region.shape()
+        }
+        /// Element strides.
+        pub fn strides(&self) -> &[usize] {
+            self.region.strides()
+        }
+        /// Number of elements.
+        pub fn len(&self) -> usize {
+            self.region.numel()
+        }
+        /// True when the view has no elements.
+        pub fn is_empty(&self) -> bool {
+            self.region.numel() == 0
+        }
+        /// True when the view is row-major without gaps.
+        pub fn is_contiguous(&self) -> bool {
+            self.region.is_contiguous()
+        }
+    };
+}
+
 macro_rules! read_methods {
     ($ty:ident) => {
         impl<T: Element> $ty<'_, T> {
-            /// The shape.
-            pub fn shape(&self) -> &[usize] {
-                self.region.shape()
-            }
-            /// Element strides.
-            pub fn strides(&self) -> &[usize] {
-                self.region.strides()
-            }
-            /// Number of elements.
-            pub fn len(&self) -> usize {
-                self.region.numel()
-            }
-            /// True when the view has no elements.
-            pub fn is_empty(&self) -> bool {
-                self.region.numel() == 0
-            }
-            /// True when the view is row-major without gaps.
-            pub fn is_contiguous(&self) -> bool {
-                self.region.is_contiguous()
-            }
+            geometry_methods!();
             /// One element, or `None` outside the shape.
             pub fn get(&self, index: &[usize]) -> Option<T> {
                 let o = flat_offset(&self.region, index)?;
@@ -464,26 +471,7 @@ impl RawView<'_> {
     pub fn dtype(&self) -> crate::DType {
         self.region.dtype
     }
-    /// The shape.
-    pub fn shape(&self) -> &[usize] {
-        self.region.shape()
-    }
-    /// Element strides.
-    pub fn strides(&self) -> &[usize] {
-        self.region.strides()
-    }
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.region.numel()
-    }
-    /// True when the view has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.region.numel() == 0
-    }
-    /// True when the view is row-major without gaps.
-    pub fn is_contiguous(&self) -> bool {
-        self.region.is_contiguous()
-    }
+    geometry_methods!();
 }
 
 /// Zeroes the bytes of `t`'s elements. The caller holds a write borrow of its region (the
