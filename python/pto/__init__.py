@@ -46,6 +46,7 @@ __all__ = [
     "Worker",
     "HostOrch",
     "Comm",
+    "Window",
     "IN",
     "OUT",
     "INOUT",
@@ -348,18 +349,38 @@ class Comm:
         self._c.barrier()
 
     def allreduce(self, a: np.ndarray, op: str = "sum") -> np.ndarray:
-        """Reduces ``a`` (float16, float32, float64, int32 or int64) over every rank, in place
-        (``a`` must be writable), with ``op`` ("sum", "max", "min" or "prod"). A C-contiguous
-        array is reduced where it is, without a copy. Every rank passes the same length, dtype
-        and ``op`` (otherwise every rank gets an error naming what each passed)."""
+        """Reduces ``a`` (float16, bfloat16, float32, float64, int32 or int64) over every rank,
+        in place (``a`` must be writable), with ``op`` ("sum", "max", "min" or "prod"). A
+        C-contiguous array is reduced where it is, without a copy. Every rank passes the same
+        length, dtype and ``op`` (otherwise every rank gets an error naming what each passed).
+        bfloat16 is ``ml_dtypes.bfloat16`` (numpy has none of its own)."""
         _check_array(a, "comm.allreduce: a", writable=True)
         if a.flags.c_contiguous and a.dtype.name in _REDUCIBLE:
             self._c.allreduce_array(a, op)
             return a
         flat = np.ascontiguousarray(a)
-        out = self._c.allreduce_bytes(flat.tobytes(), flat.dtype.name, op)
-        a[...] = np.frombuffer(out, dtype=flat.dtype).reshape(a.shape)
+        self._c.allreduce_raw(_bytes_of(flat), _reducible(a, "comm.allreduce"), op)
+        if flat is not a:
+            a[...] = flat
         return a
+
+    def reduce_scatter(self, a: np.ndarray, op: str = "sum", out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Reduces ``a`` over every rank with ``op`` and returns this rank's block of the result:
+        ``a``'s first dimension splits into ``size`` equal blocks, and rank ``r`` gets block
+        ``r`` (shape ``(a.shape[0] // size, *a.shape[1:])``), into ``out`` (writable,
+        C-contiguous, that shape and ``a``'s dtype) or a new array. ``a`` may be read-only.
+        Every rank passes the same shape, dtype and ``op``."""
+        _check_array(a, "comm.reduce_scatter: a", writable=False)
+        dtype = _reducible(a, "comm.reduce_scatter")
+        if a.ndim == 0 or a.shape[0] % self.size != 0:
+            raise ValueError(
+                f"comm.reduce_scatter: a's first dimension ({a.shape[0] if a.ndim else 0}) must "
+                f"be a multiple of the rank count ({self.size})"
+            )
+        shape = (a.shape[0] // self.size,) + a.shape[1:]
+        out = _out_array(out, shape, a.dtype, "comm.reduce_scatter")
+        self._c.reduce_scatter_into(_bytes_of(np.ascontiguousarray(a)), _bytes_of(out), dtype, op)
+        return out
 
     def allgather(self, a: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Every rank's ``a``, stacked in rank order: shape ``(size, *a.shape)``, into ``out``
@@ -367,17 +388,8 @@ class Comm:
         read-only. Every rank passes the same number of bytes. No copy through Python."""
         _check_array(a, "comm.allgather: a", writable=False)
         shape = (self.size,) + a.shape
-        if out is None:
-            out = np.empty(shape, dtype=a.dtype)
-        else:
-            _check_array(out, "comm.allgather: out", writable=True)
-            if out.shape != shape or out.dtype != a.dtype or not out.flags.c_contiguous:
-                raise ValueError(
-                    f"comm.allgather: out must be a C-contiguous {a.dtype} array of shape "
-                    f"{shape}, not {out.dtype} {out.shape}"
-                )
-        mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        self._c.allgather_into(mine, out.reshape(-1).view(np.uint8))
+        out = _out_array(out, shape, a.dtype, "comm.allgather")
+        self._c.allgather_into(_bytes_of(np.ascontiguousarray(a)), _bytes_of(out))
         return out
 
     def broadcast(self, a: np.ndarray, root: int = 0) -> np.ndarray:
@@ -389,12 +401,12 @@ class Comm:
             mine = False  # the native module names the bad root
         _check_array(a, "comm.broadcast: a", writable=not mine)
         if a.flags.c_contiguous and a.flags.writeable:
-            self._c.broadcast_into(a.reshape(-1).view(np.uint8), root)
+            self._c.broadcast_into(_bytes_of(a), root)
             return a
-        flat = np.ascontiguousarray(a)
-        out = self._c.broadcast_bytes(flat.tobytes(), root)
+        flat = np.array(a, order="C")  # a writable copy (a is read-only or strided)
+        self._c.broadcast_into(_bytes_of(flat), root)
         if a.flags.writeable:
-            a[...] = np.frombuffer(out, dtype=flat.dtype).reshape(a.shape)
+            a[...] = flat
         return a
 
     def all_to_all(self, a: np.ndarray) -> np.ndarray:
@@ -408,12 +420,181 @@ class Comm:
                 f"a multiple of the rank count ({self.size})"
             )
         out = np.empty_like(a, order="C")
-        send = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        self._c.all_to_all_into(send, out.reshape(-1).view(np.uint8))
+        self._c.all_to_all_into(_bytes_of(np.ascontiguousarray(a)), _bytes_of(out))
         return out
+
+    def window(
+        self, name: str, shape: Union[int, Sequence[int]], dtype: Any = "float32", signals: int = 1
+    ) -> "Window":
+        """Allocates a symmetric window on every rank (every rank calls it with the same
+        arguments): a buffer ``name`` of ``shape`` and ``dtype`` per rank, zeroed, plus
+        ``signals`` u32 signal words. Returns after every rank's window exists. See
+        :class:`Window` for what it offers."""
+        shape_t = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape_t):
+            raise ValueError(f"comm.window: shape must be non-negative integers, not {shape!r}")
+        count = int(np.prod(shape_t, dtype=np.int64)) if shape_t else 1
+        if count == 0:
+            raise ValueError(f"comm.window: buffer {name!r} of shape {shape_t} has no elements")
+        if not isinstance(signals, (int, np.integer)) or signals < 0:
+            raise ValueError(f"comm.window: signals must be an integer >= 0, not {signals!r}")
+        if not isinstance(name, str) or not name or name == _SIGNALS:
+            raise ValueError(f"comm.window: name must be a non-empty str other than {_SIGNALS!r}, not {name!r}")
+        dname = _dtype_name(dtype, "comm.window: dtype")
+        specs = [(name, dname, count)]
+        if signals:
+            specs.append((_SIGNALS, "uint32", int(signals)))
+        native = self._c.window(specs)
+        view_as = None
+        if dname == "bf16":
+            try:
+                view_as = np.dtype("bfloat16")  # registered by ml_dtypes when it is imported
+            except TypeError:
+                view_as = None
+        return Window(native, self.rank, name, shape_t, int(signals), view_as)
 
 
 _REDUCIBLE = ("float16", "float32", "float64", "int32", "int64")
+_SIGNALS = "__signals"
+
+
+class Window:
+    """A symmetric window of :func:`run_ranks` ranks, from :meth:`Comm.window`: every rank has a
+    buffer of the same shape and dtype, and ``signals`` u32 signal words. Offsets count
+    elements of the flattened buffer.
+
+    - :attr:`local` and :meth:`view` are numpy views of a rank's buffer, without a copy (any
+      rank's: ranks are threads or processes of one host that map each other's memory).
+    - :meth:`put` and :meth:`get` copy between numpy arrays and any rank's buffer (one-sided).
+    - :meth:`notify` adds to (or sets) a rank's signal after this rank's puts before it are
+      visible there; :meth:`wait_until` waits until this rank's signal reaches a value
+      (without the GIL, under the job's deadline: a dead or failed peer ends it with an error).
+
+    A put, notify, wait pattern::
+
+        def rank_fn(comm):
+            w = comm.window("x", 4, "float32")
+            peer = (comm.rank + 1) % comm.size
+            w.put(peer, np.full(4, comm.rank, np.float32))
+            w.notify(peer)
+            w.wait_until(0, 1)
+            return w.local.copy()   # the left neighbour's rank, four times
+    """
+
+    def __init__(self, native: Any, me: int, name: str, shape: Tuple[int, ...], signals: int, view_as: Any) -> None:
+        self._w = native
+        self._me = me
+        self.name = name
+        self.shape = shape
+        self.signals = signals
+        self._view_as = view_as
+
+    def _view(self, arr: np.ndarray) -> np.ndarray:
+        if self._view_as is not None:
+            arr = arr.view(self._view_as)
+        return arr.reshape(self.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The buffer's numpy dtype (bfloat16 shows as uint16 unless ml_dtypes is imported)."""
+        return self.local.dtype
+
+    @property
+    def local(self) -> np.ndarray:
+        """This rank's buffer, as a writable numpy view (no copy)."""
+        return self._view(self._w.view(self._me, self.name))
+
+    def view(self, rank: int) -> np.ndarray:
+        """Rank ``rank``'s buffer, as a writable numpy view (no copy). Reading or writing a
+        peer's buffer races with that peer unless signals or barriers order them."""
+        return self._view(self._w.view(rank, self.name))
+
+    def put(self, rank: int, a: Any, offset: int = 0) -> None:
+        """Copies ``a`` (converted to the buffer's dtype) into rank ``rank``'s buffer at element
+        ``offset``; visible there once a :meth:`notify` after it is seen (or after
+        :meth:`quiet` and a barrier)."""
+        src = np.ascontiguousarray(a, dtype=self.dtype)
+        self._w.put(rank, self.name, self._byte_offset(offset), _bytes_of(src))
+
+    def get(self, rank: int, out: Optional[np.ndarray] = None, offset: int = 0, count: Optional[int] = None) -> np.ndarray:
+        """Copies ``count`` elements (default: to the end) of rank ``rank``'s buffer from element
+        ``offset`` into ``out`` (writable, C-contiguous, the buffer's dtype) or a new array."""
+        if out is None:
+            total = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+            n = total - _index(offset, "offset") if count is None else _index(count, "count")
+            out = np.empty(max(n, 0), dtype=self.dtype)
+        else:
+            _check_array(out, "window.get: out", writable=True)
+            if out.dtype != self.dtype or not out.flags.c_contiguous:
+                raise ValueError(f"window.get: out must be a C-contiguous {self.dtype} array, not {out.dtype}")
+        self._w.get(rank, self.name, self._byte_offset(offset), _bytes_of(out))
+        return out
+
+    def notify(self, rank: int, signal: int = 0, value: int = 1, op: str = "add") -> None:
+        """Adds ``value`` to (``op="add"``) or stores it into (``op="set"``) signal ``signal`` of
+        rank ``rank``, after every put of this rank before it is visible there."""
+        if op not in ("add", "set"):
+            raise ValueError(f'window.notify: op must be "add" or "set", not {op!r}')
+        self._w.notify(rank, _SIGNALS, self._signal_offset(signal), value, op == "add")
+
+    def wait_until(self, signal: int, value: int) -> int:
+        """Waits until this rank's signal ``signal`` reaches ``value`` (``>=``, as a wrapping
+        u32 difference); returns the value seen. Puts notified before it are visible."""
+        return self._w.wait_until(_SIGNALS, self._signal_offset(signal), value)
+
+    def signal(self, signal: int = 0, rank: Optional[int] = None) -> int:
+        """The current value of signal ``signal`` of rank ``rank`` (this rank by default)."""
+        return self._w.load(self._me if rank is None else rank, _SIGNALS, self._signal_offset(signal))
+
+    def quiet(self) -> None:
+        """Completes this rank's puts (visible to every rank)."""
+        self._w.quiet()
+
+    def barrier(self) -> None:
+        """Waits for every rank of the window (and orders every put before it)."""
+        self._w.barrier()
+
+    def _byte_offset(self, offset: int) -> int:
+        return _index(offset, "offset") * self.dtype.itemsize
+
+    def _signal_offset(self, signal: int) -> int:
+        i = _index(signal, "signal")
+        if not 0 <= i < self.signals:
+            raise ValueError(f"window: signal {i} out of range: the window has {self.signals} signal(s)")
+        return 4 * i
+
+    def __repr__(self) -> str:
+        return f"<pto.Window {self.name!r} shape={self.shape} dtype={self.dtype} signals={self.signals}>"
+
+
+def _index(v: Any, what: str) -> int:
+    try:
+        return _operator.index(v)
+    except TypeError:
+        raise TypeError(f"window: {what} must be an integer, not {type(v).__name__}") from None
+
+
+def _bytes_of(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous array's bytes, as a flat uint8 view (no copy)."""
+    return a.reshape(-1).view(np.uint8)
+
+
+def _reducible(a: np.ndarray, what: str) -> str:
+    name = a.dtype.name
+    if name in _REDUCIBLE or name == "bfloat16":
+        return name
+    raise TypeError(f"{what} supports float16, bfloat16, float32, float64, int32 and int64 arrays, not {name}")
+
+
+def _out_array(out: Optional[np.ndarray], shape: Tuple[int, ...], dtype: np.dtype, what: str) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    _check_array(out, f"{what}: out", writable=True)
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(
+            f"{what}: out must be a C-contiguous {dtype} array of shape {shape}, not {out.dtype} {out.shape}"
+        )
+    return out
 
 
 def _check_array(a: Any, what: str, writable: bool) -> None:

@@ -99,3 +99,121 @@ def test_ranks_on_processes_run_in_parallel_and_return_their_values():
     assert len({p for _, p in pids}) == 4 and os.getpid() not in {p for _, p in pids}
     with pytest.raises(ValueError, match="backend"):
         pto.run_ranks(2, lambda c: None, backend="mpi")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", RANKS)
+def test_reduce_scatter_matches_numpy_for_every_dtype_and_op(backend, n):
+    def body(c):
+        got = {}
+        for dt in DTYPES:
+            for op in GOLDEN:
+                if dt == "float16" and op == "prod":
+                    continue
+                a = inputs(c.rank, dt, count=3 * c.size).reshape(c.size, 3)  # odd blocks
+                a.flags.writeable = False  # the input is only read
+                got[(dt, op)] = c.reduce_scatter(a, op)
+        out = np.empty((1, 3), dtype="float32")
+        c.reduce_scatter(inputs(c.rank, "float32", count=3 * c.size).reshape(c.size, 3), out=out)
+        got["out"] = out
+        return got
+
+    for r, got in enumerate(pto.run_ranks(n, body, backend=backend)):
+        for key, a in got.items():
+            dt, op = ("float32", "sum") if key == "out" else key
+            full = GOLDEN[op](np.stack([inputs(k, "float64", count=3 * n) for k in range(n)]), axis=0)
+            want = full.reshape(n, 3)[r : r + 1].astype(dt)
+            assert a.dtype == np.dtype(dt) and a.shape == (1, 3)
+            assert np.allclose(a.astype("float64"), want.astype("float64"), rtol=1e-3), (key, a, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bfloat16_allreduce_and_reduce_scatter(backend):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+
+    def body(c):
+        a = (np.arange(6) + c.rank).astype(ml_dtypes.bfloat16)
+        c.allreduce(a)
+        b = c.reduce_scatter((np.arange(2 * c.size) * (c.rank + 1)).astype(ml_dtypes.bfloat16), "max")
+        return a, b
+
+    for r, (a, b) in enumerate(pto.run_ranks(3, body, backend=backend)):
+        assert a.dtype == np.dtype(ml_dtypes.bfloat16)
+        assert np.array_equal(a.astype("float32"), 3 * np.arange(6) + 3)
+        assert np.array_equal(b.astype("float32"), 3 * np.arange(2 * r, 2 * r + 2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reduce_scatter_refuses_blocks_that_do_not_split_and_different_shapes(backend):
+    def uneven(c):
+        c.reduce_scatter(np.ones(5, dtype="float32"))
+
+    with pytest.raises(ValueError, match="multiple of the rank count"):
+        pto.run_ranks(2, uneven, backend=backend)
+
+    def shapes(c):
+        c.reduce_scatter(np.ones(3 * (2 + c.rank), dtype="float32"))
+
+    with pytest.raises(pto.CommError, match="reduce_scatter: the ranks passed different") as info:
+        pto.run_ranks(3, shapes, backend=backend)
+    assert "rank 0: 24 bytes of float32" in str(info.value) and "rank 2: 48 bytes" in str(info.value)
+
+    with pytest.raises(TypeError, match="bool"):
+        pto.run_ranks(1, lambda c: c.reduce_scatter(np.ones(2, dtype=bool)), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_window_puts_notifies_waits_and_views_without_copies(backend, n):
+    def body(c):
+        w = c.window("x", (2, 3), "float64", signals=2)
+        assert w.local.shape == (2, 3) and w.dtype == np.float64 and not w.local.any()
+        w.barrier()  # every rank looked at its zeroed buffer before anyone puts
+        right = (c.rank + 1) % c.size
+        # A put into the right neighbour, then its signal 0.
+        w.put(right, np.full(6, c.rank, dtype=np.float64).reshape(2, 3))
+        w.notify(right, 0)
+        seen = w.wait_until(0, 1)
+        ring = w.local.copy()
+        # The view is the buffer itself: a write through it is what get reads.
+        w.local[1, 2] = 100 + c.rank
+        w.barrier()
+        left = (c.rank - 1) % c.size
+        got = w.get(left, offset=5, count=1)
+        peer = w.view(left)[1, 2]
+        # Signals set by value, read back.
+        w.notify(right, 1, value=7, op="set")
+        w.wait_until(1, 7)
+        return seen, ring, got, peer, w.signal(1)
+
+    for r, (seen, ring, got, peer, sig) in enumerate(pto.run_ranks(n, body, backend=backend)):
+        left = (r - 1) % n
+        assert seen == 1 and sig == 7
+        assert np.array_equal(ring, np.full((2, 3), left, dtype=np.float64))
+        assert got.tolist() == [100 + left] and peer == 100 + left
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_window_bad_arguments_are_clear_errors(backend):
+    def bad_rank(c):
+        c.window("x", 4).put(c.size, np.ones(4, np.float32))
+
+    with pytest.raises(ValueError, match="rank 2 out of range"):
+        pto.run_ranks(2, bad_rank, backend=backend)
+
+    def too_long(c):
+        c.window("x", 4).put(0, np.ones(5, np.float32), offset=0)
+
+    with pytest.raises(pto.CommError, match="x"):
+        pto.run_ranks(2, too_long, backend=backend)
+
+    def bad_signal(c):
+        c.window("x", 4, signals=1).wait_until(1, 1)
+
+    with pytest.raises(ValueError, match="signal 1 out of range"):
+        pto.run_ranks(1, bad_signal, backend=backend)
+
+    with pytest.raises(ValueError, match="no elements"):
+        pto.run_ranks(1, lambda c: c.window("x", 0), backend=backend)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        pto.run_ranks(1, lambda c: c.window("x", 4, "complex7"), backend=backend)

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use numpy::{PyReadonlyArray1, PyReadwriteArray1, PyReadwriteArrayDyn};
-use pto_comm::{Collectives, ReduceOp};
+use pto_comm::{BufferSpec, Collectives, ReduceOp, WindowSpec};
 use pto_core::DType;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use crate::args::{repr, string, usize_in};
 use crate::dtypes::{dtype_named, numpy_name};
 use crate::errors::{comm_err, pto_err, Kind};
+use crate::window::Window;
 
 /// What the ranks of one `run_ranks` share: whether it still runs, and the order of failures.
 #[derive(Debug)]
@@ -21,6 +22,20 @@ pub(crate) struct Ranks {
     pub(crate) state: AtomicU8,
     /// Order of failures (the first to fail is the one raised).
     pub(crate) seq: AtomicUsize,
+}
+
+impl Ranks {
+    /// Refuses calls once `run_ranks` has returned or was interrupted.
+    pub(crate) fn usable(&self) -> PyResult<()> {
+        match self.state.load(Ordering::Acquire) {
+            RUNNING => Ok(()),
+            INTERRUPTED => Err(PyKeyboardInterrupt::new_err("run_ranks was interrupted")),
+            _ => Err(pto_err(
+                Kind::Comm,
+                "this Comm's run_ranks has returned: use it only inside the rank function",
+            )),
+        }
+    }
 }
 
 pub(crate) const RUNNING: u8 = 0;
@@ -53,16 +68,6 @@ fn reduce_op(op: &Bound<'_, PyAny>) -> PyResult<ReduceOp> {
     })
 }
 
-fn typed<T: bytemuck::Pod>(data: &[u8]) -> PyResult<Vec<T>> {
-    let chunks = data.chunks_exact(std::mem::size_of::<T>());
-    if !chunks.remainder().is_empty() {
-        return Err(PyValueError::new_err(
-            "data length is not a whole number of elements",
-        ));
-    }
-    Ok(chunks.map(bytemuck::pod_read_unaligned).collect())
-}
-
 /// Codes of what each rank passes to a collective, compared across ranks before it runs.
 fn dtype_code(d: DType) -> u64 {
     DType::ALL
@@ -74,14 +79,7 @@ fn dtype_code(d: DType) -> u64 {
 impl Comm {
     /// Refuses calls once `run_ranks` has returned or was interrupted.
     fn usable(&self) -> PyResult<()> {
-        match self.ranks.state.load(Ordering::Acquire) {
-            RUNNING => Ok(()),
-            INTERRUPTED => Err(PyKeyboardInterrupt::new_err("run_ranks was interrupted")),
-            _ => Err(pto_err(
-                Kind::Comm,
-                "this Comm's run_ranks has returned: use it only inside the rank function",
-            )),
-        }
+        self.ranks.usable()
     }
 
     /// Every rank passes `desc` (what it gives to collective `what`); they must agree, or
@@ -260,88 +258,155 @@ impl Comm {
         py.detach(|| self.co.all_to_all(s, r)).map_err(comm_err)
     }
 
-    /// Allreduce of `data` (raw bytes of `dtype` elements) with `op`; returns the result bytes.
-    fn allreduce_bytes(
+    /// Allreduce in place of `buf`, the raw bytes (C-contiguous, writable) of elements of
+    /// dtype `dtype_name` (any reducible dtype: `bf16` arrives this way, as numpy has no
+    /// bfloat16 of its own), with `op`.
+    fn allreduce_raw(
         &self,
         py: Python<'_>,
-        data: Vec<u8>,
+        mut buf: PyReadwriteArray1<'_, u8>,
         dtype_name: &Bound<'_, PyAny>,
         op: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<u8>> {
+    ) -> PyResult<()> {
         self.usable()?;
         let op = reduce_op(op)?;
-        let name = string(dtype_name, "allreduce: dtype")?;
-        let d = dtype_named(&name, "allreduce: dtype")
-            .ok()
-            .filter(|d| matches!(d, DType::F32 | DType::F64 | DType::I32 | DType::I64))
-            .ok_or_else(|| {
-                PyTypeError::new_err(format!(
-                    "allreduce supports float32, float64, int32 and int64, not {name}"
-                ))
-            })?;
-        if !data.chunks_exact(d.size()).remainder().is_empty() {
-            return Err(PyValueError::new_err(
-                "allreduce: data length is not a whole number of elements",
-            ));
-        }
-        let op_code = match op {
-            ReduceOp::Sum => 0,
-            ReduceOp::Max => 1,
-            ReduceOp::Min => 2,
-            _ => 3,
-        };
-        self.agree(
-            py,
-            "allreduce",
-            [data.len() as u64, dtype_code(d), op_code],
-            show_reduce,
-        )?;
+        let d = reducible(dtype_name, "allreduce")?;
+        let b = buf
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("allreduce: the array must be contiguous"))?;
         macro_rules! go {
             ($t:ty) => {{
-                let mut v: Vec<$t> = typed(&data)?;
-                py.detach(|| self.co.allreduce(&mut v, op))
-                    .map_err(comm_err)?;
-                Ok(bytemuck::cast_slice(&v).to_vec())
+                let s: &mut [$t] = elems_mut(b, "allreduce")?;
+                py.detach(|| self.co.allreduce(s, op)).map_err(comm_err)
             }};
         }
         match d {
             DType::F32 => go!(f32),
             DType::F64 => go!(f64),
             DType::I32 => go!(i32),
-            _ => go!(i64),
+            DType::I64 => go!(i64),
+            DType::F16 => go!(half::f16),
+            _ => go!(half::bf16),
         }
     }
 
-    /// Allgather of `data` (raw bytes, the same length on every rank); returns every rank's
-    /// bytes in rank order.
-    fn allgather_bytes(&self, py: Python<'_>, data: Vec<u8>) -> PyResult<Vec<u8>> {
-        self.usable()?;
-        self.agree(py, "allgather", [data.len() as u64, 0, 0], show_bytes)?;
-        let mut out = vec![0u8; data.len() * self.comm.size()];
-        py.detach(|| self.co.allgather(&data, &mut out))
-            .map_err(comm_err)?;
-        Ok(out)
-    }
-
-    /// Broadcast of `data` (raw bytes) from `root`; returns root's bytes.
-    fn broadcast_bytes(
+    /// Reduce-scatter of `send` (raw bytes of `dtype_name` elements, size × k of them) with
+    /// `op`: this rank's block of k reduced elements lands in `recv` (k elements' bytes).
+    fn reduce_scatter_into(
         &self,
         py: Python<'_>,
-        data: Vec<u8>,
-        root: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<u8>> {
+        send: PyReadonlyArray1<'_, u8>,
+        mut recv: PyReadwriteArray1<'_, u8>,
+        dtype_name: &Bound<'_, PyAny>,
+        op: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         self.usable()?;
+        let op = reduce_op(op)?;
+        let d = reducible(dtype_name, "reduce_scatter")?;
         let n = self.comm.size();
-        let root = usize_in(root, &format!("broadcast: root (a rank of {n})"), 0, n - 1)?;
+        let s = send
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("reduce_scatter: the array must be contiguous"))?;
         self.agree(
             py,
-            "broadcast",
-            [data.len() as u64, root as u64, 0],
-            show_broadcast,
+            "reduce_scatter",
+            [s.len() as u64, dtype_code(d), op_code(op)],
+            show_reduce,
         )?;
-        let mut v = data;
-        py.detach(|| self.co.broadcast(&mut v, root))
-            .map_err(comm_err)?;
-        Ok(v)
+        let r = recv
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("reduce_scatter: out must be contiguous"))?;
+        if s.len() % (n * d.size()) != 0 || r.len() * n != s.len() {
+            return Err(PyValueError::new_err(format!(
+                "reduce_scatter: {} bytes in and {} out do not split into {n} equal blocks of {d} elements",
+                s.len(),
+                r.len()
+            )));
+        }
+        macro_rules! go {
+            ($t:ty) => {{
+                let input: &[$t] = elems(s, "reduce_scatter")?;
+                let out: &mut [$t] = elems_mut(r, "reduce_scatter")?;
+                let share = py
+                    .detach(|| self.co.reduce_scatter(input, op))
+                    .map_err(comm_err)?;
+                out.copy_from_slice(&share);
+                Ok(())
+            }};
+        }
+        match d {
+            DType::F32 => go!(f32),
+            DType::F64 => go!(f64),
+            DType::I32 => go!(i32),
+            DType::I64 => go!(i64),
+            DType::F16 => go!(half::f16),
+            _ => go!(half::bf16),
+        }
     }
+
+    /// Allocates a window on every rank (collective): buffers `(name, dtype, count)` in order.
+    fn window(&self, py: Python<'_>, buffers: Vec<(String, String, usize)>) -> PyResult<Window> {
+        self.usable()?;
+        if buffers.is_empty() {
+            return Err(PyValueError::new_err("window: give at least one buffer"));
+        }
+        let mut specs = Vec::with_capacity(buffers.len());
+        for (name, dtype, count) in &buffers {
+            let d = dtype_named(dtype, &format!("window: buffer {}", repr(name)))?;
+            specs.push(BufferSpec::new(name, d, *count));
+        }
+        let win = py
+            .detach(|| self.comm.alloc_window(&WindowSpec::for_buffers(specs)))
+            .map_err(comm_err)?;
+        Ok(Window::new(win, self.ranks.clone()))
+    }
+}
+
+/// A dtype collectives can reduce, from its numpy or pto name.
+fn reducible(name: &Bound<'_, PyAny>, what: &str) -> PyResult<DType> {
+    let name = string(name, &format!("{what}: dtype"))?;
+    let name = if name == "bfloat16" {
+        "bf16".to_string()
+    } else {
+        name
+    };
+    dtype_named(&name, &format!("{what}: dtype"))
+        .ok()
+        .filter(|d| {
+            matches!(
+                d,
+                DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::F16 | DType::Bf16
+            )
+        })
+        .ok_or_else(|| {
+            PyTypeError::new_err(format!(
+                "{what} supports float16, bfloat16, float32, float64, int32 and int64, not {name}"
+            ))
+        })
+}
+
+fn op_code(op: ReduceOp) -> u64 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Max => 1,
+        ReduceOp::Min => 2,
+        ReduceOp::Prod => 3,
+    }
+}
+
+/// Raw bytes as elements of `T` (whole and aligned, as numpy's own arrays are).
+fn elems<'a, T: bytemuck::Pod>(b: &'a [u8], what: &str) -> PyResult<&'a [T]> {
+    bytemuck::try_cast_slice(b).map_err(|e| {
+        PyValueError::new_err(format!(
+            "{what}: the array's bytes are not whole, aligned elements ({e:?})"
+        ))
+    })
+}
+
+fn elems_mut<'a, T: bytemuck::Pod>(b: &'a mut [u8], what: &str) -> PyResult<&'a mut [T]> {
+    bytemuck::try_cast_slice_mut(b).map_err(|e| {
+        PyValueError::new_err(format!(
+            "{what}: the array's bytes are not whole, aligned elements ({e:?})"
+        ))
+    })
 }

@@ -63,6 +63,30 @@ impl MemView {
     }
 }
 
+/// A numpy view (no copy) of rank `rank`'s part of window buffer `name`, in its dtype (a peer's
+/// part only where the window is mapped: threads and shared memory).
+pub(crate) fn buffer_view<'py>(
+    py: Python<'py>,
+    w: &Window,
+    rank: usize,
+    name: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let b = w.buffer(name).map_err(comm_err)?;
+    let base = w.peer_ptr(rank).map_err(comm_err)?;
+    let size = b.dtype.size();
+    asarray(
+        py,
+        MemView {
+            _keep: Keep::Window(w.clone()),
+            addr: base as usize + b.offset,
+            shape: vec![b.count],
+            strides: vec![size],
+            typestr: view_typestr(b.dtype)?,
+            readonly: false,
+        },
+    )
+}
+
 static ASARRAY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 fn asarray<'py>(py: Python<'py>, v: MemView) -> PyResult<Bound<'py, PyAny>> {
@@ -94,12 +118,12 @@ impl KernelContext {
     }
 }
 
-fn u64_arg(v: i64, what: &str) -> PyResult<u64> {
+pub(crate) fn u64_arg(v: i64, what: &str) -> PyResult<u64> {
     u64::try_from(v)
         .map_err(|_| PyValueError::new_err(format!("{what} must be at least 0, not {v}")))
 }
 
-fn rank_arg(w: &Window, rank: i64) -> PyResult<usize> {
+pub(crate) fn rank_arg(w: &Window, rank: i64) -> PyResult<usize> {
     usize::try_from(rank)
         .ok()
         .filter(|&r| r < w.ranks())
@@ -140,20 +164,7 @@ impl KernelContext {
     /// A numpy view (no copy) of this rank's part of window buffer `name`, in its dtype.
     fn window<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
         let w = self.win()?;
-        let b = w.buffer(name).map_err(comm_err)?;
-        let base = w.peer_ptr(w.rank()).map_err(comm_err)?;
-        let size = b.dtype.size();
-        asarray(
-            py,
-            MemView {
-                _keep: Keep::Window(w.clone()),
-                addr: base as usize + b.offset,
-                shape: vec![b.count],
-                strides: vec![size],
-                typestr: view_typestr(b.dtype)?,
-                readonly: false,
-            },
-        )
+        buffer_view(py, w, w.rank(), name)
     }
 
     /// Copies `array`'s bytes into rank `rank`'s window buffer `buffer` at `offset_bytes`.

@@ -10,7 +10,7 @@
 //! One module per Python class or concern: `worker` (the `Worker` class), `buffer`
 //! (`SharedBuffer`, numpy arrays as tensors), `orch` (`HostOrch`, the recorded submissions),
 //! `runner` (the run thread), `programs` (chip programs, sub-worker callables, the listings),
-//! `comm` (`Comm`), `ranks` (`run_ranks`), `kernels` (Python kernels and their `KernelContext`),
+//! `comm` (`Comm`), `window` (`Window`, a run_ranks window), `ranks` (`run_ranks`), `kernels` (Python kernels and their `KernelContext`),
 //! `plugins` (`load_plugin`), `errors`, `dtypes`, `args` (argument checks), `wait`
 //! (waiting without the GIL) and `logging`. This file registers them as the module.
 
@@ -30,6 +30,7 @@ mod programs;
 mod ranks;
 mod runner;
 mod wait;
+mod window;
 mod worker;
 
 use worker::Worker;
@@ -59,6 +60,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::Comm>()?;
     m.add_class::<kernels::KernelContext>()?;
     m.add_class::<kernels::MemView>()?;
+    m.add_class::<window::Window>()?;
     m.add_function(wrap_pyfunction!(plugins::load_plugin, m)?)?;
     m.add_function(wrap_pyfunction!(ranks::run_ranks, m)?)?;
     m.add_function(wrap_pyfunction!(ranks::join_world, m)?)?;

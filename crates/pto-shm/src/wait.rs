@@ -101,7 +101,14 @@ pub fn bounded<R, E>(
         }
         let now = Instant::now();
         if now.duration_since(last_check) >= CHECK_EVERY || now >= deadline {
-            check().map_err(WaitError::Check)?;
+            if let Err(e) = check() {
+                // The peer may have done what we wait for just before it exited (or failed):
+                // its state is published after its last write, so one more look sees it.
+                if let Some(r) = look().map_err(WaitError::Check)? {
+                    return Ok(r);
+                }
+                return Err(WaitError::Check(e));
+            }
             last_check = now;
         }
         if now >= deadline {
@@ -161,5 +168,44 @@ pub fn wake(word: &AtomicU32, sleepers: &AtomicU32) {
     fence(Ordering::SeqCst);
     if sleepers.load(Ordering::SeqCst) > 0 {
         word.unpark_all();
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// A peer that raises the flag and exits between a look and the liveness check: the wait
+    /// succeeds (the flag was set before the exit was published), it does not report the exit.
+    #[test]
+    fn a_peer_that_finished_its_part_before_exiting_is_not_an_error() {
+        let raised = Cell::new(false);
+        let r: Result<u32, WaitError<&str>> = bounded(
+            Instant::now() + Duration::from_secs(5),
+            Pause::Backoff {
+                nap: Duration::from_micros(10),
+            },
+            || Ok(raised.get().then_some(7)),
+            || {
+                raised.set(true);
+                Err("peer exited")
+            },
+        );
+        assert_eq!(r.ok(), Some(7));
+    }
+
+    /// A check that fails with nothing to see is the error.
+    #[test]
+    fn a_failed_check_with_nothing_done_is_the_error() {
+        let r: Result<(), WaitError<&str>> = bounded(
+            Instant::now() + Duration::from_secs(5),
+            Pause::Backoff {
+                nap: Duration::from_micros(10),
+            },
+            || Ok(None),
+            || Err("peer exited"),
+        );
+        assert!(matches!(r, Err(WaitError::Check("peer exited"))));
     }
 }
