@@ -354,10 +354,9 @@ class Comm:
         C-contiguous array is reduced where it is, without a copy. Every rank passes the same
         length, dtype and ``op`` (otherwise every rank gets an error naming what each passed).
         bfloat16 is ``ml_dtypes.bfloat16`` (numpy has none of its own)."""
-        _check_array(a, "comm.allreduce: a", writable=True)
-        if a.flags.c_contiguous and a.dtype.name in _REDUCIBLE:
-            self._c.allreduce_array(a, op)
+        if self._c.allreduce_array(a, op):  # the fast path: checked natively, no copy
             return a
+        _check_array(a, "comm.allreduce: a", writable=True)
         flat = np.ascontiguousarray(a)
         self._c.allreduce_raw(_bytes_of(flat), _reducible(a, "comm.allreduce"), op)
         if flat is not a:

@@ -195,11 +195,12 @@ pub struct BenchArgs {
     /// The C plugin for `plugin` (built from examples/plugin/empty.c).
     #[arg(long)]
     pub plugin: Option<PathBuf>,
-    /// Collectives: the smallest message, in bytes (at least 1).
-    #[arg(short = 'b', long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=(1u64 << 32)).map(|v| v as usize))]
+    /// Collectives: the smallest message, in bytes (at least 1; K, M and G suffixes are
+    /// binary: 64K, 1M).
+    #[arg(short = 'b', long, default_value = "8", value_parser = parse_bytes)]
     pub min_bytes: usize,
-    /// Collectives: the largest message, in bytes (up to 4 GiB).
-    #[arg(short = 'e', long, default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(1..=(1u64 << 32)).map(|v| v as usize))]
+    /// Collectives: the largest message, in bytes (up to 4G; suffixes as for -b).
+    #[arg(short = 'e', long, default_value = "64M", value_parser = parse_bytes)]
     pub max_bytes: usize,
     /// Collectives: each size is the one before times this, 2 to 1024.
     #[arg(short = 'f', long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(2..=1024).map(|v| v as usize))]
@@ -247,4 +248,47 @@ pub enum BenchKind {
     Worker,
     /// A C plugin's kernel task beside a built-in one's (--plugin, see examples/plugin/empty.c).
     Plugin,
+}
+
+/// A byte count: digits with an optional binary suffix (`K`, `M`, `G`, any case, an optional
+/// trailing `B` or `iB`), from 1 byte to 4 GiB.
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let body = lower
+        .strip_suffix("ib")
+        .or_else(|| lower.strip_suffix('b'))
+        .unwrap_or(&lower);
+    let (digits, shift) = match body.chars().last() {
+        Some('k') => (&body[..body.len() - 1], 10),
+        Some('m') => (&body[..body.len() - 1], 20),
+        Some('g') => (&body[..body.len() - 1], 30),
+        _ => (body, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{t:?} is not a byte count (write 8, 64K, 1M or 4G)"))?;
+    let v = n
+        .checked_mul(1u64 << shift)
+        .filter(|v| (1..=1u64 << 32).contains(v))
+        .ok_or_else(|| format!("{t:?} is out of range: 1 byte to 4G"))?;
+    usize::try_from(v).map_err(|_| format!("{t:?} does not fit this machine's sizes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes_and_refuse_nonsense() {
+        assert_eq!(parse_bytes("8"), Ok(8));
+        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
+        assert_eq!(parse_bytes("1m"), Ok(1 << 20));
+        assert_eq!(parse_bytes("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_bytes("4G"), Ok(4 << 30));
+        assert_eq!(parse_bytes("2kb"), Ok(2048));
+        for bad in ["0", "", "K", "5G", "-1", "1.5M", "12Q"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+    }
 }
