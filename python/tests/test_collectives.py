@@ -217,3 +217,23 @@ def test_window_bad_arguments_are_clear_errors(backend):
         pto.run_ranks(1, lambda c: c.window("x", 0), backend=backend)
     with pytest.raises(ValueError, match="unknown dtype"):
         pto.run_ranks(1, lambda c: c.window("x", 4, "complex7"), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [2, 3])
+def test_large_allreduce_reads_peers_buffers_directly(backend, n):
+    # 1 MiB and an odd count: the single-copy algorithm on processes (cross-memory attach) and
+    # on threads; bit-identical on every rank, equal to numpy's rank-order sum.
+    count = (1 << 18) + 3
+
+    def body(c):
+        a = ((np.arange(count) * 7 + c.rank * 13) % 101).astype(np.float32) * np.float32(0.37)
+        c.allreduce(a)
+        return a
+
+    got = pto.run_ranks(n, body, backend=backend)
+    want = np.zeros(count, np.float32)
+    for r in range(n):
+        want = want + ((np.arange(count) * 7 + r * 13) % 101).astype(np.float32) * np.float32(0.37)
+    for a in got:
+        assert np.array_equal(a, got[0]) and np.allclose(a, want, rtol=1e-5)

@@ -220,6 +220,11 @@ pub struct BenchArgs {
     /// Collectives: verify every rank's result and print how many elements were wrong.
     #[arg(long)]
     pub check: bool,
+    /// Allreduce: the algorithm (auto, mesh, two-phase, ring, single-copy), or `window`: the
+    /// data already in a window (`allreduce_window`, no copy in or out: the memory-limit
+    /// reference the others are measured against).
+    #[arg(long, default_value = "auto")]
+    pub algorithm: String,
     /// Print JSON lines instead of text.
     #[arg(long)]
     pub json: bool,

@@ -380,7 +380,12 @@ fn collectives(c: &Comm) -> Result<(), String> {
     // A small staging area forces the larger calls through in pieces.
     let co = Collectives::new(c, 256).map_err(e)?;
     for count in [0usize, 1, 7, 100, 1000] {
-        for algo in [Algorithm::Mesh, Algorithm::TwoPhase, Algorithm::Ring] {
+        for algo in [
+            Algorithm::Mesh,
+            Algorithm::TwoPhase,
+            Algorithm::Ring,
+            Algorithm::SingleCopy,
+        ] {
             let mut v: Vec<f32> = (0..count).map(|i| (i + 100 * me) as f32).collect();
             co.allreduce_with(&mut v, ReduceOp::Sum, algo).map_err(e)?;
             let want: Vec<f32> = (0..count)

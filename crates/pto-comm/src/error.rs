@@ -178,6 +178,16 @@ pub enum CommError {
     /// The OS layer failed.
     #[error(transparent)]
     Shm(#[from] ShmError),
+    /// Reading or writing a peer's memory directly (the single-copy collectives) failed.
+    #[error("reaching rank {rank}'s memory (pid {pid}) directly failed: {source} (PTO_SINGLE_COPY=0 turns the single-copy path off)")]
+    PeerRead {
+        /// The peer.
+        rank: usize,
+        /// Its process.
+        pid: u32,
+        /// The system call's error.
+        source: std::io::Error,
+    },
     /// Starting a rank failed.
     #[error("launching rank {rank}: {source}")]
     Launch {

@@ -63,7 +63,9 @@ mod world;
 
 pub use backend::queue::SharedQueue;
 pub use backend::Backend;
-pub use collective::{Algorithm, Collectives, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES};
+pub use collective::{
+    Algorithm, Collectives, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES, SINGLE_COPY_MIN_BYTES,
+};
 pub use comm::Comm;
 pub use context::CommContext;
 pub use error::{Cause, CommError};

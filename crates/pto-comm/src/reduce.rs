@@ -84,3 +84,31 @@ macro_rules! reducible_half {
 
 reducible_half!(half::f16, F16);
 reducible_half!(half::bf16, Bf16);
+
+/// `acc[i] = acc[i] op v[i]`, or `acc[i] = v[i] op acc[i]` when `v_first` (the order matters
+/// for bit-identical results: max and min of a NaN, signed zeros). The operation is chosen once
+/// per slice, not per element, so each loop compiles to vector code.
+#[inline]
+pub(crate) fn combine_into<T: Reducible>(acc: &mut [T], v: &[T], op: ReduceOp, v_first: bool) {
+    #[inline(always)]
+    fn go<T: Reducible>(acc: &mut [T], v: &[T], f: impl Fn(T, T) -> T) {
+        for (a, b) in acc.iter_mut().zip(v) {
+            *a = f(*a, *b);
+        }
+    }
+    macro_rules! with {
+        ($op:expr) => {
+            if v_first {
+                go(acc, v, |a, b| T::combine(b, a, $op))
+            } else {
+                go(acc, v, |a, b| T::combine(a, b, $op))
+            }
+        };
+    }
+    match op {
+        ReduceOp::Sum => with!(ReduceOp::Sum),
+        ReduceOp::Max => with!(ReduceOp::Max),
+        ReduceOp::Min => with!(ReduceOp::Min),
+        ReduceOp::Prod => with!(ReduceOp::Prod),
+    }
+}

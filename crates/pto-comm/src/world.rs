@@ -233,6 +233,11 @@ impl World {
         }
     }
 
+    /// The pid of world rank `rank` once it joined (0 before).
+    pub(crate) fn pid(&self, rank: usize) -> u32 {
+        self.slot(rank).0.load(Ordering::Acquire)
+    }
+
     /// Marks `rank` exited (cleanly) or failed.
     pub(crate) fn leave(&self, rank: usize, failed: bool) {
         let (_, state, _) = self.slot(rank);

@@ -133,6 +133,7 @@ fn arb_algo() -> impl Strategy<Value = Algorithm> {
         Algorithm::Mesh,
         Algorithm::TwoPhase,
         Algorithm::Ring,
+        Algorithm::SingleCopy,
     ])
 }
 
@@ -241,5 +242,53 @@ fn ranks_that_pass_different_lengths_or_ops_to_an_allreduce_all_get_an_error_nam
                 "rank {r}: {e}"
             );
         }
+    }
+}
+
+#[test]
+fn ranks_that_run_different_allreduce_algorithms_fail_alike_naming_them() {
+    let results = pto_comm::local::run(2, |c| {
+        let co = pto_comm::Collectives::new(&c, 1 << 12)?;
+        let mut v = vec![1.0f32; 8];
+        let algo = if c.rank() == 0 {
+            Algorithm::Mesh
+        } else {
+            Algorithm::SingleCopy
+        };
+        co.allreduce_with(&mut v, ReduceOp::Sum, algo)
+    })
+    .unwrap();
+    for (r, res) in results.into_iter().enumerate() {
+        let e = res.unwrap().unwrap_err().to_string();
+        assert!(
+            e.contains("rank 0: 32 bytes of f32, op sum, mesh")
+                && e.contains("rank 1: 32 bytes of f32, op sum, single-copy"),
+            "rank {r}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_large_allreduce_reads_peers_buffers_directly_and_matches_the_mesh() {
+    // Above SINGLE_COPY_MIN_BYTES, with an odd count: Auto picks single-copy on threads, and its
+    // result is bit-identical to the mesh's (both combine in rank order).
+    let count = pto_comm::SINGLE_COPY_MIN_BYTES / 4 + 13;
+    let results = pto_comm::local::run(3, move |c| {
+        let co = pto_comm::Collectives::new(&c, 1 << 14)?;
+        assert_eq!(co.allreduce_algorithm::<f32>(count * 4), "single-copy");
+        let input: Vec<f32> = (0..count)
+            .map(|i| ((i * 7 + c.rank() * 13) % 101) as f32 * 0.37)
+            .collect();
+        let mut a = input.clone();
+        co.allreduce(&mut a, ReduceOp::Sum)?;
+        let mut b = input;
+        co.allreduce_with(&mut b, ReduceOp::Sum, Algorithm::Mesh)?;
+        Ok::<_, pto_comm::CommError>((a, b))
+    })
+    .unwrap();
+    let first = results[0].as_ref().unwrap().as_ref().unwrap().0.clone();
+    for res in results {
+        let (a, b) = res.unwrap().unwrap();
+        assert!(a == b && a == first);
     }
 }

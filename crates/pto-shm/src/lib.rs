@@ -8,6 +8,8 @@
 //!   re-enters at once.
 //! * [`wait`]: the one waiting loop every blocking operation uses (spin, then park in short
 //!   slices, checking a deadline and the liveness of the peers waited for).
+//! * [`cma`]: one process reading another's memory with one kernel copy (single-copy
+//!   collectives).
 //! * [`process`]: process identity (pid plus start time) and liveness.
 //! * [`sweep`]: finds and removes segments whose creator died.
 //! * [`cleanup`]: on SIGINT/SIGTERM/SIGHUP, kill registered children and remove this
@@ -35,6 +37,7 @@
 
 pub mod barrier;
 pub mod cleanup;
+pub mod cma;
 pub mod futex;
 pub mod process;
 pub mod report;

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use anyhow::bail;
-use pto_comm::{Collectives, Comm, ReduceOp, Reducible};
+use pto_comm::{Algorithm, Collectives, Comm, ReduceOp, Reducible, Window, WindowSpec};
 use serde::{Deserialize, Serialize};
 
 /// Which collective.
@@ -57,6 +57,30 @@ pub struct Config {
     pub check: bool,
     pub json: bool,
     pub backend: String,
+    /// `--algorithm`: see [`Target`].
+    pub algorithm: String,
+}
+
+/// What an allreduce runs: an algorithm on the caller's buffer, or `allreduce_window` on
+/// data already in a window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Algo(Algorithm),
+    Window,
+}
+
+impl Target {
+    pub fn parse(s: &str) -> Option<Target> {
+        Some(match s {
+            "auto" => Target::Algo(Algorithm::Auto),
+            "mesh" => Target::Algo(Algorithm::Mesh),
+            "two-phase" => Target::Algo(Algorithm::TwoPhase),
+            "ring" => Target::Algo(Algorithm::Ring),
+            "single-copy" => Target::Algo(Algorithm::SingleCopy),
+            "window" => Target::Window,
+            _ => return None,
+        })
+    }
 }
 
 /// The first line: what was run where.
@@ -262,6 +286,12 @@ pub fn run_rank(comm: &Comm, cfg: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a measured allreduce calls (the window is this size's own).
+enum Run {
+    Algo(Algorithm),
+    Window(Window),
+}
+
 /// One call of the collective on the buffers; `out` receives results where the call does not
 /// work in place.
 fn call<T: Elem>(
@@ -270,9 +300,13 @@ fn call<T: Elem>(
     rop: ReduceOp,
     data: &mut [T],
     out: &mut Vec<T>,
+    target: &Run,
 ) -> anyhow::Result<()> {
     match op {
-        Op::Allreduce => co.allreduce(data, rop)?,
+        Op::Allreduce => match target {
+            Run::Algo(a) => co.allreduce_with(data, rop, *a)?,
+            Run::Window(w) => co.allreduce_window::<T>(w, 0, data.len(), rop)?,
+        },
         Op::Allgather => co.allgather(data, out)?,
         Op::ReduceScatter => *out = co.reduce_scatter(data, rop)?,
         Op::Broadcast => co.broadcast(data, 0)?,
@@ -313,19 +347,28 @@ fn measure<T: Elem>(
     let iters = cfg
         .iters
         .unwrap_or(((64usize << 20) / bytes.max(1)).clamp(5, 2000));
+    let run = match Target::parse(&cfg.algorithm).unwrap_or(Target::Algo(Algorithm::Auto)) {
+        Target::Algo(a) => Run::Algo(a),
+        Target::Window => {
+            let w = comm.alloc_window(&WindowSpec::new((mine * size).max(1)))?;
+            w.put_slice(me, 0, &data)?;
+            w.barrier()?;
+            Run::Window(w)
+        }
+    };
     for _ in 0..cfg.warmup {
-        call(co, cfg.op, rop, &mut data, &mut out)?;
+        call(co, cfg.op, rop, &mut data, &mut out, &run)?;
     }
     comm.barrier()?;
     let t = Instant::now();
     for _ in 0..iters {
-        call(co, cfg.op, rop, &mut data, &mut out)?;
+        call(co, cfg.op, rop, &mut data, &mut out, &run)?;
     }
     let us = t.elapsed().as_secs_f64() * 1e6 / iters.max(1) as f64;
     let mut all = vec![0f64; n];
     co.allgather(&[us], &mut all)?;
     let wrong = if cfg.check {
-        let w = check::<T>(co, cfg.op, rop, me, n, count)?;
+        let w = check::<T>(co, cfg.op, rop, me, n, count, &run)?;
         let mut ws = vec![0u64; n];
         co.allgather(&[w], &mut ws)?;
         Some(ws.iter().sum())
@@ -343,8 +386,9 @@ fn measure<T: Elem>(
         bytes: total,
         count,
         dtype: T::DTYPE.to_string(),
-        algorithm: match cfg.op {
-            Op::Allreduce => co.allreduce_algorithm::<T>(total),
+        algorithm: match (cfg.op, &run) {
+            (Op::Allreduce, Run::Window(_)) => "window",
+            (Op::Allreduce, Run::Algo(a)) => co.allreduce_algorithm_with::<T>(total, *a),
             _ => "mesh",
         },
         time_min_us: r2(min),
@@ -364,6 +408,7 @@ fn check<T: Elem>(
     me: usize,
     n: usize,
     count: usize,
+    run: &Run,
 ) -> anyhow::Result<u64> {
     let mine = if op == Op::Allgather {
         count / n
@@ -379,7 +424,16 @@ fn check<T: Elem>(
             0
         }
     ];
-    call(co, op, rop, &mut data, &mut out)?;
+    if let Run::Window(w) = run {
+        // Fresh inputs into the window, reduced there, read back.
+        w.put_slice(me, 0, &data)?;
+        w.barrier()?;
+        call(co, op, rop, &mut data, &mut out, run)?;
+        data = w.get_vec(me, 0, data.len())?;
+        w.barrier()?;
+    } else {
+        call(co, op, rop, &mut data, &mut out, run)?;
+    }
     let bad = |got: T, want: f64| (got.to() - want).abs() > 1e-6 * want.abs().max(1.0);
     let block = count / n;
     let wrong = match op {

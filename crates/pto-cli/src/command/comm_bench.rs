@@ -253,6 +253,7 @@ fn coll_config(a: &BenchArgs, backend: &str) -> Option<super::coll_bench::Config
         check: a.check,
         json: a.json,
         backend: backend.to_string(),
+        algorithm: a.algorithm.clone(),
     })
 }
 
@@ -299,6 +300,15 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             return Err(crate::exit::Usage(format!(
                 "--dtype {:?}: float32, float64, int32, int64, float16 or bfloat16",
                 cfg.dtype
+            ))
+            .into());
+        }
+        if super::coll_bench::Target::parse(&cfg.algorithm).is_none()
+            || (cfg.algorithm != "auto" && cfg.op != super::coll_bench::Op::Allreduce)
+        {
+            return Err(crate::exit::Usage(format!(
+                "--algorithm {:?}: auto, mesh, two-phase, ring, single-copy or window (window and the named algorithms for allreduce only)",
+                cfg.algorithm
             ))
             .into());
         }

@@ -14,6 +14,7 @@
 //!
 //! | file | what it holds |
 //! |---|---|
+//! | `direct.rs` | [`direct::PeerMemory`]: reading a peer's private buffer where it is (single-copy collectives) |
 //! | `mapping.rs` | [`mapping::Mapping`]: memory every member maps, with checked accessors |
 //! | `mapped.rs` | barriers and window operations on mapped memory |
 //! | `queue.rs` | a completion queue in a shared segment |
@@ -33,6 +34,7 @@ use pto_shm::{HeaderInit, Segment, ShmError};
 
 use crate::error::CommError;
 
+pub(crate) mod direct;
 pub(crate) mod mapped;
 pub(crate) mod mapping;
 #[cfg(feature = "mpi")]
@@ -166,6 +168,27 @@ impl Transport {
             Transport::Shm => true,
             Transport::Mpi(m) => m.peers_mapped(),
             Transport::Local(_) => false,
+        }
+    }
+
+    /// How a communicator's members (`(world rank, pid)` in comm rank order) reach each
+    /// other's private memory: threads read it, processes of this host read it with
+    /// cross-memory attach where the kernel allows it (and `PTO_SINGLE_COPY` is not `0`).
+    /// Every member calls it before any peer reads (it may allow peers to read this process).
+    pub(crate) fn peer_memory(&self, members: Vec<(usize, u32)>) -> direct::PeerMemory {
+        if std::env::var("PTO_SINGLE_COPY").is_ok_and(|v| v.trim() == "0") {
+            return direct::PeerMemory::None;
+        }
+        match self {
+            Transport::Local(_) => direct::PeerMemory::Threads,
+            Transport::Shm => {
+                if pto_shm::cma::allow_peer_readers().is_ok() && pto_shm::cma::available() {
+                    direct::PeerMemory::Processes(members)
+                } else {
+                    direct::PeerMemory::None
+                }
+            }
+            Transport::Mpi(_) => direct::PeerMemory::None,
         }
     }
 

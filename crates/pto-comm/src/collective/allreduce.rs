@@ -3,10 +3,13 @@
 
 use pto_core::block_range;
 
-use super::{op_code, Agreed, Algorithm, Collectives, LINE, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES};
+use super::{
+    op_code, Agreed, Algorithm, Collectives, ADDR_AT, LINE, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES,
+    SINGLE_COPY_MIN_BYTES,
+};
 use crate::backend::library_reduces;
 use crate::error::CommError;
-use crate::reduce::{ReduceOp, Reducible};
+use crate::reduce::{combine_into, ReduceOp, Reducible};
 use crate::signal::SignalOp;
 use crate::window::Window;
 
@@ -46,10 +49,16 @@ impl Collectives {
         }
         let algo = self.resolve(algo, std::mem::size_of_val(data));
         // What every rank must pass alike, compared in each piece's ready exchange.
+        // The algorithm too: ranks that chose differently (one could not reach its peers'
+        // memory) fail alike instead of running different protocols.
         let desc = Agreed {
             bytes: std::mem::size_of_val(data) as u64,
-            kind: (T::DTYPE as u64) << 8 | op_code(op),
+            kind: (algo as u64) << 16 | (T::DTYPE as u64) << 8 | op_code(op),
         };
+        if algo == Algorithm::SingleCopy && !data.is_empty() {
+            // No staging, so no pieces: the whole buffer in one call.
+            return self.allreduce_single_copy(data, op, desc);
+        }
         for piece in data.chunks_mut(self.elems::<T>().max(1)) {
             match algo {
                 Algorithm::TwoPhase => self.allreduce_two_phase(piece, op, desc)?,
@@ -67,9 +76,12 @@ impl Collectives {
 
     /// What [`Algorithm::Auto`] (or `algo`) runs for `bytes` of data on these ranks.
     fn resolve(&self, algo: Algorithm, bytes: usize) -> Algorithm {
+        let direct = self.peers.available() && self.n() > 1;
         match algo {
+            Algorithm::Auto if direct && bytes >= SINGLE_COPY_MIN_BYTES => Algorithm::SingleCopy,
             Algorithm::Auto if bytes <= MESH_MAX_BYTES || self.n() <= 2 => Algorithm::Mesh,
             Algorithm::Auto => Algorithm::TwoPhase,
+            Algorithm::SingleCopy if !direct => Algorithm::TwoPhase,
             a => a,
         }
     }
@@ -78,14 +90,25 @@ impl Collectives {
     /// uses here (`mesh`, `two-phase`, `ring`, or `library` when MPI's own runs it), for
     /// benchmark reports.
     pub fn allreduce_algorithm<T: Reducible>(&self, bytes: usize) -> &'static str {
-        let on_library_by_choice =
-            library_reduces(T::DTYPE) && MPI_ALLREDUCE_BYTES.contains(&bytes);
+        self.allreduce_algorithm_with::<T>(bytes, Algorithm::Auto)
+    }
+
+    /// [`Collectives::allreduce_algorithm`] of an allreduce asked to run `algo`.
+    pub fn allreduce_algorithm_with<T: Reducible>(
+        &self,
+        bytes: usize,
+        algo: Algorithm,
+    ) -> &'static str {
+        let on_library_by_choice = algo == Algorithm::Auto
+            && library_reduces(T::DTYPE)
+            && MPI_ALLREDUCE_BYTES.contains(&bytes);
         if self.w.library().is_some()
             || (on_library_by_choice && self.comm().inner.io.library().is_some())
         {
             return "library";
         }
-        match self.resolve(Algorithm::Auto, bytes) {
+        match self.resolve(algo, bytes) {
+            Algorithm::SingleCopy => "single-copy",
             Algorithm::TwoPhase => "two-phase",
             Algorithm::Ring => "ring",
             _ => "mesh",
@@ -129,9 +152,7 @@ impl Collectives {
                 } else {
                     &src[start..end]
                 };
-                for (a, v) in tmp.iter_mut().zip(s) {
-                    *a = T::combine(*a, *v, op);
-                }
+                combine_into(&mut tmp, s, op, false);
             }
             data[start..end].copy_from_slice(&tmp);
             start = end;
@@ -214,6 +235,69 @@ impl Collectives {
         Ok(())
     }
 
+    /// [`Algorithm::SingleCopy`]: the callers' buffers are used where they are. Each rank
+    /// publishes its buffer's address with its ready flag, then reduces its share (in rank
+    /// order, so every rank's result is bit-identical to the mesh's) from every peer's buffer,
+    /// block by block, and writes each reduced block into its own buffer and every peer's. A
+    /// closing exchange says every share is everywhere. Share `r` of any buffer is read and
+    /// written during the call by rank `r` alone (read first, then overwritten with the
+    /// result), so nothing races; the buffers stay unchanged by anyone after the exchange.
+    fn allreduce_single_copy<T: Reducible>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+        desc: Agreed,
+    ) -> Result<(), CommError> {
+        let (me, n) = (self.me(), self.n());
+        let size = std::mem::size_of::<T>();
+        let e = self.next_epoch();
+        let at = ADDR_AT + 8 * (e as usize & 1);
+        let addr = data.as_ptr() as u64;
+        for p in (0..n).filter(|&p| p != me) {
+            // Visible to `p` before this rank's ready flag (the notify releases it).
+            self.w.put(p, me * LINE + at, &addr.to_le_bytes())?;
+        }
+        self.ready_agreed(e, desc)?;
+        let mut addrs = vec![addr; n];
+        for (p, a) in addrs.iter_mut().enumerate().filter(|(p, _)| *p != me) {
+            let mut w = [0u8; 8];
+            self.w.get(me, p * LINE + at, &mut w)?;
+            *a = u64::from_le_bytes(w);
+        }
+        let at_elem = |p: usize, i: usize| addrs[p] + (i * size) as u64;
+        let mine = block_range(data.len(), me as u32, n as u32);
+        let block = ((64 << 10) / size.max(1)).min(mine.len()).max(1);
+        // Rank 0's block (when it is not this rank's), then every later peer's, one at a time.
+        let mut acc = vec![T::zeroed(); if me == 0 { 0 } else { block }];
+        let mut tmp = vec![T::zeroed(); if n > 2 || me == 0 { block } else { 0 }];
+        let mut start = mine.start;
+        while start < mine.end {
+            let end = (start + block).min(mine.end);
+            let k = end - start;
+            let out = &mut data[start..end];
+            // The running result is in `out` from rank `me` on (in place), in `acc` before.
+            if me != 0 {
+                self.peers.read(0, at_elem(0, start), &mut acc[..k])?;
+            }
+            for p in 1..n {
+                if p == me {
+                    combine_into(out, &acc[..k], op, true);
+                    continue;
+                }
+                self.peers.read(p, at_elem(p, start), &mut tmp[..k])?;
+                let running: &mut [T] = if p > me { out } else { &mut acc[..k] };
+                combine_into(running, &tmp[..k], op, false);
+            }
+            let done = &data[start..end];
+            for p in (0..n).filter(|&p| p != me) {
+                self.peers.write(p, at_elem(p, start), done)?;
+            }
+            start = end;
+        }
+        // Every share is in every buffer once every rank has passed this.
+        self.exchange(4, e)
+    }
+
     fn allreduce_two_phase<T: Reducible>(
         &self,
         data: &mut [T],
@@ -235,9 +319,7 @@ impl Collectives {
         for p in 1..n {
             // SAFETY: epoch protocol.
             let s = self.peer::<T>(p, stage, data.len())?;
-            for (a, v) in acc.iter_mut().zip(&s[mine.clone()]) {
-                *a = T::combine(*a, *v, op);
-            }
+            combine_into(&mut acc, &s[mine.clone()], op, false);
         }
         let size = std::mem::size_of::<T>();
         self.w
@@ -332,9 +414,7 @@ impl Collectives {
                 tmp.clear();
                 tmp.extend_from_slice(&srcs[0][start..end]);
                 for src in srcs.iter().skip(1) {
-                    for (a, v) in tmp.iter_mut().zip(&src[start..end]) {
-                        *a = T::combine(*a, *v, op);
-                    }
+                    combine_into(&mut tmp, &src[start..end], op, false);
                 }
                 for dst in srcs.iter_mut() {
                     dst[start..end].copy_from_slice(&tmp);

@@ -4,7 +4,7 @@ use pto_core::block_range;
 
 use super::Collectives;
 use crate::error::CommError;
-use crate::reduce::{ReduceOp, Reducible};
+use crate::reduce::{combine_into, ReduceOp, Reducible};
 
 impl Collectives {
     /// Gathers every rank's `mine` into `out` (rank r's data at `out[r·k .. (r+1)·k]`).
@@ -84,9 +84,7 @@ impl Collectives {
                 for p in 1..n {
                     // SAFETY: epoch protocol.
                     let s = self.peer::<T>(p, off, end - start)?;
-                    for (a, v) in acc.iter_mut().zip(&s[lo - start..hi - start]) {
-                        *a = T::combine(*a, *v, op);
-                    }
+                    combine_into(&mut acc, &s[lo - start..hi - start], op, false);
                 }
                 out.extend_from_slice(&acc);
             }

@@ -12,6 +12,7 @@
 
 use parking_lot::Mutex;
 
+use crate::backend::direct::PeerMemory;
 use crate::backend::library_reduces;
 use crate::comm::Comm;
 use crate::error::CommError;
@@ -35,7 +36,17 @@ pub enum Algorithm {
     /// A ring: `n − 1` reduce-scatter steps and `n − 1` allgather steps, each between
     /// neighbours only (every rank pulls one chunk from its left neighbour per step).
     Ring,
+    /// Two phases on the callers' own buffers, with no staging: each rank reads its share of
+    /// every peer's buffer where it is (one copy: threads read it, processes of one host use
+    /// cross-memory attach), reduces it into its own buffer, then reads the other reduced
+    /// shares from their owners. Where peers' memory cannot be read (MPI, or a kernel that
+    /// refuses it), it runs as [`Algorithm::TwoPhase`].
+    SingleCopy,
 }
+
+/// Allreduces of at least this many bytes use [`Algorithm::SingleCopy`] when
+/// [`Algorithm::Auto`] chooses and peers' memory can be read.
+pub const SINGLE_COPY_MIN_BYTES: usize = 256 << 10;
 
 /// Messages up to this many bytes use the mesh allreduce when [`Algorithm::Auto`] chooses.
 pub const MESH_MAX_BYTES: usize = 64 << 10;
@@ -43,8 +54,12 @@ pub const MESH_MAX_BYTES: usize = 64 << 10;
 pub(super) const LINE: usize = 64;
 
 /// Where in a rank's flag line its arguments go (two words, by epoch parity): `+0` is the
-/// ready flag, `+4` the second phase's, `+8` the ring's.
+/// ready flag, `+4` the second phase's (and the single-copy closing one), `+8` the ring's.
 const AGREED_AT: usize = 16;
+
+/// Where in a rank's flag line the address of its buffer goes, for a single-copy call (two
+/// words, by epoch parity).
+pub(super) const ADDR_AT: usize = 48;
 
 /// What every rank of a collective call must pass alike: the byte count and a code of the
 /// element type and operation. Each rank writes its own into every peer's line before its
@@ -57,9 +72,9 @@ pub(super) struct Agreed {
 }
 
 /// [`Agreed::kind`] in words: `f32, op sum`.
-fn describe_kind(kind: u64) -> String {
+fn describe_kind(kind: u64, with_algorithm: bool) -> String {
     let dtype = pto_core::DType::ALL
-        .get((kind >> 8) as usize)
+        .get(((kind >> 8) & 0xff) as usize)
         .map_or_else(|| "?".to_string(), ToString::to_string);
     let op = match kind & 0xff {
         1 => "sum",
@@ -68,7 +83,14 @@ fn describe_kind(kind: u64) -> String {
         4 => "prod",
         _ => "?",
     };
-    format!("{dtype}, op {op}")
+    let algo = match if with_algorithm { kind >> 16 } else { 0 } {
+        1 => ", mesh",
+        2 => ", two-phase",
+        3 => ", ring",
+        4 => ", single-copy",
+        _ => "",
+    };
+    format!("{dtype}, op {op}{algo}")
 }
 
 /// A reduction's code in [`Agreed::kind`].
@@ -91,6 +113,8 @@ pub const MPI_ALLREDUCE_BYTES: std::ops::Range<usize> = (256 << 10)..(32 << 20);
 #[derive(Debug)]
 pub struct Collectives {
     w: Window,
+    /// How this rank reads its peers' buffers (single-copy allreduce).
+    peers: PeerMemory,
     cap: usize,
     epoch: Mutex<u32>,
     /// Ring steps taken so far (the ring flags' epoch).
@@ -112,8 +136,21 @@ impl Collectives {
         let cap = cap.max(LINE).div_ceil(LINE) * LINE;
         let flags = comm.size() * LINE;
         let w = comm.alloc_window(&WindowSpec::new(flags + 4 * cap))?;
+        // Every member has joined (the allocation met them all): their pids are known.
+        let world = comm.world_ref();
+        let members = comm
+            .members()
+            .into_iter()
+            .map(|r| (r, world.pid(r)))
+            .collect();
+        let peers = if comm.inner.io.library().is_some() {
+            PeerMemory::None
+        } else {
+            world.transport.peer_memory(members)
+        };
         Ok(Collectives {
             w,
+            peers,
             cap,
             epoch: Mutex::new(0),
             steps: Mutex::new(0),
@@ -204,12 +241,17 @@ impl Collectives {
             all.push((word(&theirs[..8]), word(&theirs[8..])));
         }
         if all.iter().any(|x| *x != (a.bytes, a.kind)) {
+            // The algorithm is named only where the ranks chose differently.
+            let algos_differ = all.iter().any(|x| x.1 >> 16 != a.kind >> 16);
             let each: Vec<String> = all
                 .iter()
                 .enumerate()
                 .map(|(p, (bytes, kind))| {
                     let rank = self.comm().world_rank_of(p).unwrap_or(p);
-                    format!("rank {rank}: {bytes} bytes of {}", describe_kind(*kind))
+                    format!(
+                        "rank {rank}: {bytes} bytes of {}",
+                        describe_kind(*kind, algos_differ)
+                    )
                 })
                 .collect();
             return Err(CommError::Disagree {
