@@ -266,7 +266,9 @@ impl Collectives {
         }
         let at_elem = |p: usize, i: usize| addrs[p] + (i * size) as u64;
         let mine = block_range(data.len(), me as u32, n as u32);
-        let block = ((64 << 10) / size.max(1)).min(mine.len()).max(1);
+        // Blocks of 256 KiB: few system calls, and the block, its peer's copy and the result
+        // stay in a core's L2 (faster than 64 KiB at 1 and 16 MiB on 2 ranks here).
+        let block = ((256 << 10) / size.max(1)).min(mine.len()).max(1);
         // Rank 0's block (when it is not this rank's), then every later peer's, one at a time.
         let mut acc = vec![T::zeroed(); if me == 0 { 0 } else { block }];
         let mut tmp = vec![T::zeroed(); if n > 2 || me == 0 { block } else { 0 }];
