@@ -1,46 +1,21 @@
 //! The `Comm` of one `run_ranks` rank: its rank and size, a barrier, and collectives over
 //! numpy data (as bytes), refused once `run_ranks` has returned; and what the ranks share.
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArrayMethods};
+use numpy::{
+    PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArrayMethods,
+};
 use pto_comm::{BufferSpec, Collectives, ReduceOp, WindowSpec};
 use pto_core::DType;
-use pyo3::exceptions::{PyKeyboardInterrupt, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::args::{repr, string, usize_in};
 use crate::dtypes::{dtype_named, numpy_name};
 use crate::errors::{comm_err, pto_err, Kind};
+use crate::ranks_state::Ranks;
 use crate::window::Window;
-
-/// What the ranks of one `run_ranks` share: whether it still runs, and the order of failures.
-#[derive(Debug)]
-pub(crate) struct Ranks {
-    /// [`RUNNING`], [`INTERRUPTED`] or [`ENDED`].
-    pub(crate) state: AtomicU8,
-    /// Order of failures (the first to fail is the one raised).
-    pub(crate) seq: AtomicUsize,
-}
-
-impl Ranks {
-    /// Refuses calls once `run_ranks` has returned or was interrupted.
-    pub(crate) fn usable(&self) -> PyResult<()> {
-        match self.state.load(Ordering::Acquire) {
-            RUNNING => Ok(()),
-            INTERRUPTED => Err(PyKeyboardInterrupt::new_err("run_ranks was interrupted")),
-            _ => Err(pto_err(
-                Kind::Comm,
-                "this Comm's run_ranks has returned: use it only inside the rank function",
-            )),
-        }
-    }
-}
-
-pub(crate) const RUNNING: u8 = 0;
-pub(crate) const INTERRUPTED: u8 = 1;
-pub(crate) const ENDED: u8 = 2;
 
 /// One rank of `run_ranks`: its rank and size, a barrier, and collectives over numpy data
 /// (passed as bytes by the Python layer).

@@ -10,7 +10,8 @@
 //! One module per Python class or concern: `worker` (the `Worker` class), `buffer`
 //! (`SharedBuffer`, numpy arrays as tensors), `orch` (`HostOrch`, the recorded submissions),
 //! `runner` (the run thread), `programs` (chip programs, sub-worker callables, the listings),
-//! `comm` (`Comm`), `window` (`Window`, a run_ranks window), `ranks` (`run_ranks`), `kernels` (Python kernels and their `KernelContext`),
+//! `comm` (`Comm`), `window` (`Window`, a run_ranks window), `ranks_state` (what the
+//! ranks of one run share), `ranks` (`run_ranks`), `kernels` (Python kernels and their `KernelContext`),
 //! `plugins` (`load_plugin`), `errors`, `dtypes`, `args` (argument checks), `wait`
 //! (waiting without the GIL) and `logging`. This file registers them as the module.
 
@@ -28,6 +29,7 @@ mod orch;
 mod plugins;
 mod programs;
 mod ranks;
+mod ranks_state;
 mod runner;
 mod wait;
 mod window;

@@ -12,8 +12,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::args::{type_name, usize_in};
-use crate::comm::{Comm, Ranks, ENDED, INTERRUPTED, RUNNING};
+use crate::comm::Comm;
 use crate::errors::{comm_err, panic_text, pto_err, Kind};
+use crate::ranks_state::{Ranks, ENDED, INTERRUPTED, RUNNING};
 use crate::wait::{recv_detached, SIGNAL_SLICE};
 
 /// Staging bytes of each rank's collectives in `run_ranks` with `n` ranks: 1 MiB, less with

@@ -10,10 +10,10 @@ use pto_comm::SignalOp;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::comm::Ranks;
 use crate::dtypes::numpy_name;
 use crate::errors::comm_err;
 use crate::kernels::{buffer_view, rank_arg, u64_arg};
+use crate::ranks_state::Ranks;
 
 /// One window of a `run_ranks` rank.
 #[pyclass(frozen, module = "pto._native")]
