@@ -610,7 +610,8 @@ def run_ranks(n: int, fn: Callable[[Comm], Any], backend: str = "shm") -> List[A
     """Runs ``fn(comm)`` on ``n`` ranks and returns their results in rank order.
 
     ``backend="shm"`` (the default) forks one process per rank (1 to 256), so the ranks' Python
-    code runs in parallel; results and exceptions come back pickled (a result that cannot be
+    code runs in parallel (each pinned to its own CPU when there are enough; ``PTO_BIND=0`` turns
+    that off); results and exceptions come back pickled (a result that cannot be
     pickled is an error naming the rank). ``backend="local"`` runs the ranks as threads of this
     process (collectives release the GIL, Python code takes turns).
 
@@ -694,11 +695,26 @@ def _text_of(e: BaseException) -> str:
         return "<exception str() failed>"
 
 
+def _bind(rank: int, n: int) -> None:
+    """Pins forked rank ``rank`` to one CPU of this process's affinity set (rank r to the r-th),
+    as MPI launchers do, when there are at least ``n`` of them: two ranks that share a CPU wait
+    for each other's time slice. ``PTO_BIND=0`` leaves the ranks unpinned."""
+    if _os.environ.get("PTO_BIND", "1").strip() == "0" or not hasattr(_os, "sched_getaffinity"):
+        return
+    try:
+        cpus = sorted(_os.sched_getaffinity(0))
+        if n <= len(cpus):
+            _os.sched_setaffinity(0, {cpus[rank]})
+    except OSError:
+        pass  # a sandbox that refuses it: the ranks run unpinned
+
+
 def _rank_child(name: str, rank: int, n: int, fn: Callable[[Comm], Any], wfd: int, pickle: Any) -> None:
     import time
 
     code = 0
     native = None
+    _bind(rank, n)
     try:
         native = _native.join_world(name, rank, n)
         result: Any = ("ok", fn(Comm(native)), 0.0)
