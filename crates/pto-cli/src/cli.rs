@@ -242,10 +242,12 @@ pub enum BenchKind {
     /// Allgather, as allreduce.
     Allgather,
     /// Reduce-scatter, as allreduce.
+    #[value(alias = "reduce_scatter")]
     ReduceScatter,
     /// Broadcast from rank 0, as allreduce.
     Broadcast,
     /// All-to-all, as allreduce.
+    #[value(alias = "all_to_all")]
     AllToAll,
     /// Deferred completion: condition-to-consumer latency and completion-queue throughput.
     Deferred,
