@@ -646,6 +646,7 @@ def _run_ranks_forked(n: int, fn: Callable[[Comm], Any]) -> List[Any]:
             _os.close(wfd)
             pids.append(pid)
             reads.append(rfd)
+        world.watch(pids)  # after the last fork: it starts a thread
         payloads: List[bytes] = []
         for fd in reads:
             chunks = []

@@ -6,6 +6,8 @@
 //! | offset | what |
 //! |---|---|
 //! | 256 | abort word: 0, or the aborting world rank + 1 |
+//! | 260 | supervised: 1 when the launcher publishes its ranks' deaths here (no `/proc` reads) |
+//! | 264 | departures: how many ranks left the running state (exited, failed, died) |
 //! | 320 | world barrier ([`pto_shm::barrier::Barrier`], 128 bytes) |
 //! | 448 | abort message (256 bytes, written before the abort word) |
 //! | 704 | pair-barrier flags: two 64-byte lines `{arrivals: u32, sleepers: u32}` |
@@ -38,6 +40,8 @@ pub(crate) fn env_timeout() -> Result<Duration, CommError> {
 }
 
 pub(crate) const OFF_ABORT: usize = 256;
+pub(crate) const OFF_SUPERVISED: usize = 260;
+pub(crate) const OFF_DEPARTURES: usize = 264;
 pub(crate) const OFF_BARRIER: usize = 320;
 pub(crate) const OFF_ABORT_MSG: usize = 448;
 pub(crate) const ABORT_MSG_LEN: usize = 256;
@@ -53,6 +57,12 @@ pub(crate) const NOT_JOINED: u32 = 0;
 pub(crate) const RUNNING: u32 = 1;
 pub(crate) const EXITED: u32 = 2;
 pub(crate) const FAILED: u32 = 3;
+/// Ended without leaving: killed, crashed (seen by its launcher or by a peer).
+pub(crate) const DIED: u32 = 4;
+
+/// How many running peers' `/proc` entries an unsupervised wait reads per liveness check
+/// (rotating through them): a check costs O(1), not O(ranks).
+const PROBES_PER_CHECK: usize = 8;
 
 /// Bytes of one rank's wait-board entry.
 pub(crate) const WAIT_SLOT: usize = 32;
@@ -89,6 +99,8 @@ pub(crate) struct World {
     /// Prefix of the names of this world's domain and window segments.
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
+    /// Where this process's next `/proc` probes start in a peer list (unsupervised worlds).
+    pub(crate) probe: std::sync::atomic::AtomicUsize,
 }
 
 impl World {
@@ -177,6 +189,7 @@ impl World {
             let text = match (state, self.waiting(r)) {
                 (EXITED, _) => "has left".to_string(),
                 (FAILED, _) => "failed".to_string(),
+                (DIED, _) => "died".to_string(),
                 (NOT_JOINED, _) => "never joined".to_string(),
                 (_, Some((w, since))) => {
                     live += 1;
@@ -242,6 +255,45 @@ impl World {
     pub(crate) fn leave(&self, rank: usize, failed: bool) {
         let (_, state, _) = self.slot(rank);
         state.store(if failed { FAILED } else { EXITED }, Ordering::Release);
+        self.departed();
+    }
+
+    /// Counts a departure (after the slot's state changed) and wakes the world barrier's
+    /// waiters; every other wait sees it at its next liveness check.
+    fn departed(&self) {
+        self.seg
+            .atomic_u32(OFF_DEPARTURES)
+            .fetch_add(1, Ordering::AcqRel);
+        self.barrier().poke();
+    }
+
+    /// Says that the launcher publishes its ranks' deaths ([`World::mark_died`]): waits stop
+    /// reading `/proc`.
+    pub(crate) fn set_supervised(&self) {
+        self.seg
+            .atomic_u32(OFF_SUPERVISED)
+            .store(1, Ordering::Release);
+    }
+
+    /// Marks `rank` dead (it ended without leaving: a launcher that saw it end, or a peer that
+    /// found it gone). Returns whether this call changed it.
+    pub(crate) fn mark_died(&self, rank: usize, pid: u32) -> bool {
+        if rank >= self.size {
+            return false;
+        }
+        let (p, state, _) = self.slot(rank);
+        let won = [RUNNING, NOT_JOINED].into_iter().any(|from| {
+            state
+                .compare_exchange(from, DIED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        });
+        if won {
+            if p.load(Ordering::Acquire) == 0 {
+                p.store(pid, Ordering::Release);
+            }
+            self.departed();
+        }
+        won
     }
 
     /// True once `rank` has joined (its slot is no longer free).
@@ -253,8 +305,11 @@ impl World {
     pub(crate) fn mark_failed(&self, rank: usize) {
         if rank < self.size {
             let (_, state, _) = self.slot(rank);
-            let _ = state.compare_exchange(RUNNING, FAILED, Ordering::AcqRel, Ordering::Acquire);
-            let _ = state.compare_exchange(NOT_JOINED, FAILED, Ordering::AcqRel, Ordering::Acquire);
+            let a = state.compare_exchange(RUNNING, FAILED, Ordering::AcqRel, Ordering::Acquire);
+            let b = state.compare_exchange(NOT_JOINED, FAILED, Ordering::AcqRel, Ordering::Acquire);
+            if a.is_ok() || b.is_ok() {
+                self.departed();
+            }
         }
     }
 
@@ -301,25 +356,62 @@ impl World {
     }
 
     /// Errors when the world was aborted or one of `peers` (world ranks) is dead, failed or
-    /// gone. Ranks that have not joined yet are assumed to be starting. Reads `/proc` for
-    /// every running peer on the shm backend: waits call it every few milliseconds, not on
-    /// every operation.
+    /// gone. Ranks that have not joined yet are assumed to be starting.
+    ///
+    /// O(1) while nobody has left: the abort word and the departures count. After a departure,
+    /// the states of `peers` (memory reads). On the shm backend without a supervising launcher,
+    /// also the `/proc` entries of a few running peers, rotating through them from one check
+    /// to the next ([`PROBES_PER_CHECK`]); a peer found dead is marked so for everyone. Waits
+    /// call it every few milliseconds, not on every operation. See `docs/design/scale.md`.
     pub(crate) fn check(&self, me: usize, peers: &[u32]) -> Result<(), CommError> {
         if let Some(e) = self.aborted() {
             return Err(e);
         }
+        if self.seg.atomic_u32(OFF_DEPARTURES).load(Ordering::Acquire) != 0 {
+            self.check_states(me, peers)?;
+        }
         // Processes on this host have pids to watch; a library's launcher ends the job itself
         // when a rank dies.
-        let shm = self.transport.watches_pids();
-        // A dead or failed peer is the cause; a peer that exited may only have reacted to it,
-        // so it is reported only when no peer is dead or failed.
+        if self.transport.watches_pids()
+            && self.seg.atomic_u32(OFF_SUPERVISED).load(Ordering::Acquire) == 0
+            && !peers.is_empty()
+        {
+            let start = self.probe.fetch_add(PROBES_PER_CHECK, Ordering::Relaxed);
+            for k in 0..PROBES_PER_CHECK.min(peers.len()) {
+                let p = peers[(start + k) % peers.len()] as usize;
+                if p == me {
+                    continue;
+                }
+                let (pid, state, st) = self.slot(p);
+                if state.load(Ordering::Acquire) != RUNNING {
+                    continue;
+                }
+                let id = ProcessId {
+                    pid: pid.load(Ordering::Acquire),
+                    start: st.load(Ordering::Relaxed),
+                };
+                if id.pid != 0 && !id.is_alive() {
+                    self.mark_died(p, id.pid);
+                    return Err(CommError::PeerDied {
+                        rank: p,
+                        pid: id.pid,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The states of `peers`: a dead or failed peer is the cause; a peer that exited may only
+    /// have reacted to it, so it is reported only when no peer is dead or failed.
+    fn check_states(&self, me: usize, peers: &[u32]) -> Result<(), CommError> {
         let mut exited = None;
         for &p in peers {
             let p = p as usize;
             if p == me {
                 continue;
             }
-            let (pid, state, start) = self.slot(p);
+            let (pid, state, _) = self.slot(p);
             match state.load(Ordering::Acquire) {
                 FAILED => {
                     return Err(CommError::PeerGone {
@@ -327,19 +419,13 @@ impl World {
                         how: "failed",
                     })
                 }
-                EXITED => exited = exited.or(Some(p)),
-                RUNNING if shm => {
-                    let id = ProcessId {
+                DIED => {
+                    return Err(CommError::PeerDied {
+                        rank: p,
                         pid: pid.load(Ordering::Acquire),
-                        start: start.load(Ordering::Relaxed),
-                    };
-                    if id.pid != 0 && !id.is_alive() {
-                        return Err(CommError::PeerDied {
-                            rank: p,
-                            pid: id.pid,
-                        });
-                    }
+                    })
                 }
+                EXITED => exited = exited.or(Some(p)),
                 _ => {}
             }
         }
@@ -430,6 +516,7 @@ pub(crate) fn create_world(
         transport,
         prefix,
         timeout,
+        probe: std::sync::atomic::AtomicUsize::new(0),
     })
 }
 
@@ -477,5 +564,6 @@ pub(crate) fn open_world(
         transport: Transport::Shm,
         prefix,
         timeout,
+        probe: std::sync::atomic::AtomicUsize::new(0),
     })
 }

@@ -229,6 +229,18 @@ impl ShmWorld {
             .ok_or_else(|| pto_err(Kind::Comm, "this world is closed"))
     }
 
+    /// Watches the forked ranks (`pids`, in rank order) without reaping them, publishing their
+    /// deaths to their peers (whose waits then need no `/proc` reads). Call it after the last
+    /// fork: it starts a thread.
+    fn watch(&mut self, pids: Vec<u32>) -> PyResult<()> {
+        let w = self
+            .world
+            .as_mut()
+            .ok_or_else(|| pto_err(Kind::Comm, "this world is closed"))?;
+        w.watch(pids.into_iter().enumerate().collect())
+            .map_err(|e| pto_err(Kind::Comm, format!("starting the rank watcher: {e}")))
+    }
+
     /// Removes the world's segments (in the creating process only; twice is fine).
     fn close(&mut self) {
         if std::process::id() == self.pid {

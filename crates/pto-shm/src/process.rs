@@ -205,6 +205,22 @@ pub fn try_reap(pid: u32) -> Option<i32> {
     })
 }
 
+/// True when child `pid` has ended, without reaping it (its parent, or whoever else waits for
+/// it, still gets its status); also true when it is gone already (reaped elsewhere).
+pub fn ended_unreaped(pid: u32) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return true;
+    };
+    let opts = rustix::process::WaitIdOptions::EXITED
+        | rustix::process::WaitIdOptions::NOHANG
+        | rustix::process::WaitIdOptions::NOWAIT;
+    match rustix::process::waitid(rustix::process::WaitId::Pid(p), opts) {
+        Ok(Some(_)) => true,
+        Ok(None) => false,
+        Err(_) => true,
+    }
+}
+
 /// The state letter of `pid` in `/proc/<pid>/stat` (`R` running, `S` sleeping, `T` stopped,
 /// `t` stopped by a debugger, `Z` zombie...), or `None` when it does not exist.
 pub fn state(pid: u32) -> Option<char> {

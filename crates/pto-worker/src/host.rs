@@ -128,6 +128,8 @@ pub(crate) struct HostState {
     pub(crate) on_exit: Option<Arc<ExitHook>>,
     pub(crate) traces: Mutex<Vec<String>>,
     pub(crate) tracing: AtomicBool,
+    /// Where the chips' deaths are published for their peers (when they communicate).
+    pub(crate) deaths: Option<pto_comm::shm::Deaths>,
 }
 
 /// What a child's result status means: 0 success, 1 its task failed, 2 the frame or the child
@@ -146,6 +148,7 @@ impl HostState {
         children: Vec<ChildHandle>,
         spec: &Spec,
         on_exit: Option<Arc<ExitHook>>,
+        deaths: Option<pto_comm::shm::Deaths>,
     ) -> HostState {
         HostState {
             children,
@@ -161,6 +164,7 @@ impl HostState {
             on_exit,
             traces: Mutex::new(Vec::new()),
             tracing: AtomicBool::new(false),
+            deaths,
         }
     }
 

@@ -164,7 +164,8 @@ impl WorkerBuilder {
         let (spec, on_exit) = self.checked()?;
         let up = supervise::start(&spec)?;
         let total = up.children.len();
-        let state = Arc::new(HostState::new(up.children, &spec, on_exit));
+        let deaths = up.world.as_ref().map(ShmWorld::supervise);
+        let state = Arc::new(HostState::new(up.children, &spec, on_exit, deaths));
         let host = match Chip::builder()
             .chip_id(u32::MAX)
             .aic_cores(0)

@@ -48,6 +48,9 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
     } else {
         None
     };
+    // The Worker reaps its chips (during bring-up below, then in its watcher) and publishes
+    // their deaths in the world: the chips' waits need no /proc reads, from the first fork on.
+    let deaths = world.as_ref().map(ShmWorld::supervise);
     let total = spec.chips + spec.subs + spec.workers.len();
     let mut boxes = Vec::with_capacity(total);
     for i in 0..total {
@@ -96,7 +99,7 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
             }
         }
     }
-    let facts = match bring_up(&children, spec.timeout) {
+    let facts = match bring_up(&children, spec.chips, deaths.as_ref(), spec.timeout) {
         Ok(f) => f,
         Err(e) => {
             reap_all(&children, Duration::from_millis(500));
@@ -115,7 +118,12 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
 
 /// Waits for every child's bootstrap record. On a failure, keeps collecting for a moment so
 /// that the report can tell the root cause from its consequences.
-fn bring_up(children: &[ChildHandle], timeout: Duration) -> Result<Vec<BootFacts>, WorkerError> {
+fn bring_up(
+    children: &[ChildHandle],
+    chips: usize,
+    deaths: Option<&pto_comm::shm::Deaths>,
+    timeout: Duration,
+) -> Result<Vec<BootFacts>, WorkerError> {
     let deadline = Instant::now() + timeout;
     let mut facts = vec![None; children.len()];
     let mut failures: Vec<ChildFailure> = Vec::new();
@@ -128,6 +136,11 @@ fn bring_up(children: &[ChildHandle], timeout: Duration) -> Result<Vec<BootFacts
             }
             // A child may report just before it dies: read its record first.
             let exit = c.exit();
+            if let (Some(_), Some(d)) = (exit, deaths) {
+                if i < chips {
+                    d.ended(i, c.pid.pid);
+                }
+            }
             match c.mailbox.boot_result() {
                 Ok(Some(f)) => facts[i] = Some(f),
                 Err(message) => {
@@ -233,6 +246,10 @@ pub(crate) fn spawn_watcher(state: Arc<HostState>) -> std::io::Result<std::threa
                     }
                     let Some(exit) = c.exit() else { continue };
                     noticed[i] = true;
+                    // Its peers stop waiting for it (a chip that left cleanly is not marked).
+                    if let (true, Some(d)) = (i < state.chips, &state.deaths) {
+                        d.ended(i, c.pid.pid);
+                    }
                     // The Worker killed it after recording why (a stopped or silent child).
                     if c.killed.load(Ordering::Acquire) {
                         continue;

@@ -25,6 +25,52 @@ pub const ENV_SIZE: &str = "PTO_COMM_SIZE";
 pub struct ShmWorld {
     world: Arc<World>,
     children: Vec<(usize, Child)>,
+    watch: Option<Watch>,
+}
+
+/// What a supervising launcher uses to publish its ranks' deaths in the world (from any
+/// thread): the ranks' waits then learn of a death from one word instead of reading every
+/// peer's `/proc` entry. From [`ShmWorld::supervise`].
+#[derive(Clone)]
+pub struct Deaths {
+    world: Arc<World>,
+}
+
+impl std::fmt::Debug for Deaths {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deaths")
+            .field("name", &self.world.seg.name())
+            .finish()
+    }
+}
+
+impl Deaths {
+    /// Rank `rank`'s process (`pid`) has ended. Unless it left the world first (a clean exit),
+    /// it is marked dead: every peer's wait ends with an error naming it at its next liveness
+    /// check, and the world barrier's waiters are woken. Returns whether it was marked.
+    pub fn ended(&self, rank: usize, pid: u32) -> bool {
+        let marked = self.world.mark_died(rank, pid);
+        if marked {
+            tracing::debug!(rank, pid, "rank ended without leaving: marked dead");
+        }
+        marked
+    }
+}
+
+/// A thread that watches rank processes without reaping them ([`ShmWorld::watch`]).
+struct Watch {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
 }
 
 impl std::fmt::Debug for ShmWorld {
@@ -48,6 +94,7 @@ impl ShmWorld {
         Ok(ShmWorld {
             world: Arc::new(create_world(n, Transport::Shm, 0, timeout)?),
             children: Vec::new(),
+            watch: None,
         })
     }
 
@@ -59,6 +106,52 @@ impl ShmWorld {
     /// Number of ranks.
     pub fn size(&self) -> usize {
         self.world.size
+    }
+
+    /// Declares that this launcher publishes the deaths of its rank processes through the
+    /// returned [`Deaths`] (for example from the loop that reaps them): from now on the ranks'
+    /// waits stop reading `/proc` and rely on it. A launcher that promises this must report
+    /// every rank process that ends, within a second (docs/design/scale.md).
+    pub fn supervise(&self) -> Deaths {
+        self.world.set_supervised();
+        Deaths {
+            world: self.world.clone(),
+        }
+    }
+
+    /// Supervises the rank processes `ranks` (`(rank, pid)`, children of this process, all
+    /// forked before this call) with a thread that looks at them every 20 ms without reaping
+    /// them (whoever waits for them still gets their status), and publishes their deaths. It
+    /// stops when they have all ended or this `ShmWorld` is dropped.
+    ///
+    /// # Errors
+    ///
+    /// The thread could not be started.
+    pub fn watch(&mut self, ranks: Vec<(usize, u32)>) -> std::io::Result<()> {
+        let deaths = self.supervise();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let halt = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("pto-world-watch".into())
+            .spawn(move || {
+                let mut live = ranks;
+                while !live.is_empty() && !halt.load(std::sync::atomic::Ordering::Acquire) {
+                    live.retain(|&(rank, pid)| {
+                        if pto_shm::process::ended_unreaped(pid) {
+                            deaths.ended(rank, pid);
+                            false
+                        } else {
+                            true
+                        }
+                    });
+                    std::thread::park_timeout(Duration::from_millis(20));
+                }
+            })?;
+        self.watch = Some(Watch {
+            stop,
+            thread: Some(thread),
+        });
+        Ok(())
     }
 
     /// The variables that make a process rank `rank` of this world.
@@ -158,6 +251,9 @@ impl ShmWorld {
     /// An OS error while waiting.
     pub fn wait(&mut self, timeout: Duration) -> Result<Vec<(usize, ExitStatus)>, CommError> {
         let deadline = Instant::now() + timeout;
+        // This loop reaps the ranks and publishes how each ended: the ranks' waits need not
+        // read `/proc` meanwhile.
+        let deaths = self.supervise();
         let mut done: Vec<Option<ExitStatus>> = vec![None; self.children.len()];
         loop {
             for (i, (rank, child)) in self.children.iter_mut().enumerate() {
@@ -169,7 +265,9 @@ impl ShmWorld {
                     source,
                 })? {
                     pto_shm::cleanup::forget(child.id());
-                    if !st.success() {
+                    if std::os::unix::process::ExitStatusExt::signal(&st).is_some() {
+                        deaths.ended(*rank, child.id());
+                    } else if !st.success() {
                         tracing::debug!(rank, status = %st, "rank process failed");
                         self.world.mark_failed(*rank);
                     }
@@ -204,6 +302,7 @@ impl ShmWorld {
 
 impl Drop for ShmWorld {
     fn drop(&mut self) {
+        self.watch = None;
         for (_, c) in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
