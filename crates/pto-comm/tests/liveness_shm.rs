@@ -72,6 +72,41 @@ fn a_killed_rank_is_named_by_its_peers_within_a_second() {
     }
 }
 
+/// 256 ranks on 2 CPUs: every survivor names the killed rank within a second of the kill,
+/// learning it from the launcher's reaping loop ([`ShmWorld::wait`] supervises), not from
+/// 255 × 255 `/proc` reads.
+#[test]
+fn a_killed_rank_among_256_is_named_by_every_peer_within_a_second() {
+    let n = 256;
+    let notice = std::env::temp_dir().join(format!("pto-notice-{}", std::process::id()));
+    std::fs::write(&notice, b"").unwrap();
+    std::env::set_var("PTO_TEST_NOTICE", &notice);
+    let mut world = spawn_world("wait_for_rank2_timed", n);
+    assert!(
+        world.wait_joined(Duration::from_secs(60)),
+        "ranks did not join"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let killed = pto_shm::process::monotonic_ns();
+    world.kill(2).unwrap();
+    let st = statuses(&mut world, Duration::from_secs(30));
+    for (r, code) in &st {
+        if *r != 2 {
+            assert_eq!(*code, Some(0), "rank {r} did not name rank 2");
+        }
+    }
+    let text = std::fs::read_to_string(&notice).unwrap();
+    let _ = std::fs::remove_file(&notice);
+    let times: Vec<u64> = text.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(times.len(), n - 1, "every survivor noticed");
+    let last = times.iter().max().unwrap().saturating_sub(killed);
+    assert!(
+        last < 1_000_000_000,
+        "the last survivor noticed after {} ms",
+        last / 1_000_000
+    );
+}
+
 #[test]
 fn a_panicking_rank_aborts_its_peers() {
     let mut world = spawn_world("panic_rank1", 3);
@@ -207,6 +242,25 @@ fn rank_entry() {
             match comm.barrier() {
                 Err(CommError::PeerDied { rank: 2, .. })
                 | Err(CommError::PeerGone { rank: 2, .. }) => {}
+                other => fail(format!("expected rank 2 to be named, got {other:?}")),
+            }
+        }
+        "wait_for_rank2_timed" => {
+            if me == 2 {
+                std::thread::sleep(Duration::from_secs(60));
+                return;
+            }
+            match comm.barrier() {
+                Err(CommError::PeerDied { rank: 2, .. })
+                | Err(CommError::PeerGone { rank: 2, .. }) => {
+                    let at = pto_shm::process::monotonic_ns();
+                    let path = std::env::var("PTO_TEST_NOTICE").unwrap();
+                    let mut f = std::fs::OpenOptions::new()
+                        .append(true)
+                        .open(path)
+                        .unwrap();
+                    std::io::Write::write_all(&mut f, format!("{at}\n").as_bytes()).unwrap();
+                }
                 other => fail(format!("expected rank 2 to be named, got {other:?}")),
             }
         }

@@ -88,6 +88,14 @@ fn main() {
             }
         }
     }
+    // Many more ranks than CPUs: the distributed allreduce through the Worker at 128 and 512
+    // chips (docs/design/scale.md).
+    for n in [128, 512] {
+        trials.push(Trial::test(
+            format!("allreduce_distributed_shm_{n}_ranks"),
+            move || run("allreduce_distributed", Backend::Shm, n),
+        ));
+    }
     // No false reports: every distributed example under `pto check`, on threads with 20
     // perturbed schedules, on processes (the Worker) with 20 too.
     for ex in EXAMPLES
