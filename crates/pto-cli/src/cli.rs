@@ -195,6 +195,13 @@ pub struct BenchArgs {
     /// The C plugin for `plugin` (built from examples/plugin/empty.c).
     #[arg(long)]
     pub plugin: Option<PathBuf>,
+    /// Scale: the largest rank count, 2 to 1024 (the counts are the powers of two up to it).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(2..=pto_comm::MAX_RANKS as u64).map(|v| v as usize))]
+    pub max_ranks: usize,
+    /// Scale: the Open MPI anchor binary (`mpi_bar8` from shared/anchors), run under `mpirun`
+    /// at the same rank counts in the same run as the baseline.
+    #[arg(long)]
+    pub mpi_anchor: Option<PathBuf>,
     /// Collectives: the smallest message, in bytes (at least 1; K, M and G suffixes are
     /// binary: 64K, 1M).
     #[arg(short = 'b', long, default_value = "8", value_parser = parse_bytes)]
@@ -255,6 +262,9 @@ pub enum BenchKind {
     Worker,
     /// A C plugin's kernel task beside a built-in one's (--plugin, see examples/plugin/empty.c).
     Plugin,
+    /// Bring-up, barrier, small allreduce and close through the Worker from 2 to --max-ranks
+    /// ranks, with a fit of how each grows (--mpi-anchor: Open MPI's beside it).
+    Scale,
 }
 
 /// A byte count: digits with an optional binary suffix (`K`, `M`, `G`, any case, an optional

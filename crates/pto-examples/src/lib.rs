@@ -27,6 +27,7 @@ pub mod dist;
 mod notify;
 pub mod plugin;
 pub mod programs;
+pub mod scale;
 mod worker_examples;
 
 pub use dist::{RankFn, RankOutcome};

@@ -224,6 +224,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         | BenchKind::AllToAll => return super::comm_bench::bench(a),
         BenchKind::Deferred => return super::deferred_bench::bench(a),
         BenchKind::Worker => return super::worker_bench::bench(a),
+        BenchKind::Scale => return super::scale_bench::bench(a),
         BenchKind::Plugin => return super::plugin_bench::bench(a),
     }
     let cpus = std::thread::available_parallelism().map_or(2, usize::from);

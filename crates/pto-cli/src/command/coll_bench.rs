@@ -157,7 +157,8 @@ fn print_row(json: bool, r: &Row) {
     );
 }
 
-fn host() -> String {
+/// This machine's host name, for benchmark headers.
+pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "?".into())
@@ -238,7 +239,7 @@ pub fn run_rank(comm: &Comm, cfg: &Config) -> anyhow::Result<()> {
         let h = Header {
             bench: "header",
             op: cfg.op.name(),
-            host: host(),
+            host: host_name(),
             backend: &cfg.backend,
             ranks: comm.size(),
             version: env!("CARGO_PKG_VERSION"),

@@ -11,6 +11,7 @@ mod mpi_launch;
 mod plugin_bench;
 mod run;
 mod stats;
+mod scale_bench;
 mod worker_bench;
 
 use std::process::ExitCode;

@@ -4,8 +4,8 @@
 use pto_core::block_range;
 
 use super::{
-    op_code, Agreed, Algorithm, Collectives, ADDR_AT, LINE, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES,
-    SINGLE_COPY_MIN_BYTES,
+    describe_kind, op_code, Agreed, Algorithm, Collectives, ADDR_AT, AGREED_AT, LINE,
+    MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES, SINGLE_COPY_MIN_BYTES, TREE_FANOUT, TREE_MIN_RANKS,
 };
 use crate::backend::library_reduces;
 use crate::error::CommError;
@@ -61,6 +61,7 @@ impl Collectives {
         }
         for piece in data.chunks_mut(self.elems::<T>().max(1)) {
             match algo {
+                Algorithm::Tree => self.allreduce_tree(piece, op, desc)?,
                 Algorithm::TwoPhase => self.allreduce_two_phase(piece, op, desc)?,
                 Algorithm::Ring => self.allreduce_ring(piece, op, desc)?,
                 _ => self.allreduce_mesh(piece, op, desc)?,
@@ -78,6 +79,7 @@ impl Collectives {
     fn resolve(&self, algo: Algorithm, bytes: usize) -> Algorithm {
         let direct = self.peers.available() && self.n() > 1;
         match algo {
+            Algorithm::Auto if self.n() > TREE_MIN_RANKS => Algorithm::Tree,
             Algorithm::Auto if direct && bytes >= SINGLE_COPY_MIN_BYTES => Algorithm::SingleCopy,
             Algorithm::Auto if bytes <= MESH_MAX_BYTES || self.n() <= 2 => Algorithm::Mesh,
             Algorithm::Auto => Algorithm::TwoPhase,
@@ -109,6 +111,7 @@ impl Collectives {
         }
         match self.resolve(algo, bytes) {
             Algorithm::SingleCopy => "single-copy",
+            Algorithm::Tree => "tree",
             Algorithm::TwoPhase => "two-phase",
             Algorithm::Ring => "ring",
             _ => "mesh",
@@ -298,6 +301,85 @@ impl Collectives {
         }
         // Every share is in every buffer once every rank has passed this.
         self.exchange(4, e)
+    }
+
+    /// [`Algorithm::Tree`]. Rank `r`'s children are `r·k + 1 ..= r·k + k` (k =
+    /// [`TREE_FANOUT`]). Each rank stages its input, waits for each child's ready flag (its
+    /// partial result is staged by then, and its arguments are in this rank's line), adds the
+    /// children's partials to its own in child order, stages the sum and raises its ready flag
+    /// on its parent; then it waits for its parent's done flag (word 1), copies the parent's
+    /// staged result, stages it for its own children and raises their done flags. Everyone
+    /// gets the root's result (bit-identical). A staging area is rewritten two epochs later
+    /// only: by then the parent has finished with the partial (it sent done) and the children
+    /// with the result (they sent the next ready). Arguments that differ from a child's abort
+    /// the world with both ranks' (the other ranks wait in the tree, not in one exchange).
+    pub(super) fn allreduce_tree<T: Reducible>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+        desc: Agreed,
+    ) -> Result<(), CommError> {
+        let (me, n) = (self.me(), self.n());
+        let e = self.next_epoch();
+        let off = self.area(0, e);
+        let at = AGREED_AT + 16 * (e as usize & 1);
+        let first = me * TREE_FANOUT + 1;
+        let children = first.min(n)..(first + TREE_FANOUT).min(n);
+        let len = data.len();
+        self.stage(off, data)?;
+        for c in children.clone() {
+            self.w.wait_until(c * LINE, e)?;
+            let mut w = [0u8; 16];
+            self.w.get(me, c * LINE + at, &mut w)?;
+            let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+            let (bytes, kind) = (word(&w[..8]), word(&w[8..]));
+            if (bytes, kind) != (desc.bytes, desc.kind) {
+                let rank = |p: usize| self.comm().world_rank_of(p).unwrap_or(p);
+                let each = format!(
+                    "rank {}: {} bytes of {}; rank {}: {bytes} bytes of {}",
+                    rank(me),
+                    desc.bytes,
+                    describe_kind(desc.kind, kind >> 16 != desc.kind >> 16),
+                    rank(c),
+                    describe_kind(kind, kind >> 16 != desc.kind >> 16),
+                );
+                let err = CommError::Disagree {
+                    what: "allreduce",
+                    each,
+                };
+                self.comm().abort(&err.to_string());
+                return Err(err);
+            }
+            // SAFETY: epoch protocol: the child staged its partial before its ready flag and
+            // leaves it alone until it has this call's result.
+            let s = self.peer::<T>(c, off, len)?;
+            combine_into(data, s, op, false);
+        }
+        if !children.is_empty() && len > 0 {
+            self.stage(off, data)?;
+        }
+        if me > 0 {
+            let parent = (me - 1) / TREE_FANOUT;
+            let mut words = [0u8; 16];
+            words[..8].copy_from_slice(&desc.bytes.to_le_bytes());
+            words[8..].copy_from_slice(&desc.kind.to_le_bytes());
+            // Visible to the parent before the ready flag (the notify releases it).
+            self.w.put(parent, me * LINE + at, &words)?;
+            self.w.notify(parent, me * LINE, e, SignalOp::Set)?;
+            self.w.wait_until(parent * LINE + 4, e)?;
+            if len > 0 {
+                // SAFETY: epoch protocol: the parent staged the result before its done flag.
+                let s = self.peer::<T>(parent, off, len)?;
+                data.copy_from_slice(s);
+                if !children.is_empty() {
+                    self.stage(off, data)?;
+                }
+            }
+        }
+        for c in children {
+            self.w.notify(c, me * LINE + 4, e, SignalOp::Set)?;
+        }
+        Ok(())
     }
 
     fn allreduce_two_phase<T: Reducible>(

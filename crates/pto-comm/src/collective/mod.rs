@@ -42,7 +42,19 @@ pub enum Algorithm {
     /// shares from their owners. Where peers' memory cannot be read (MPI, or a kernel that
     /// refuses it), it runs as [`Algorithm::TwoPhase`].
     SingleCopy,
+    /// A tree of fan-out [`TREE_FANOUT`]: each rank adds its children's partial sums to its
+    /// own and passes the result to its parent; the root's result goes back down. O(ranks)
+    /// flags per call instead of O(ranks²): what [`Algorithm::Auto`] runs above
+    /// [`TREE_MIN_RANKS`] ranks.
+    Tree,
 }
+
+/// Above this many ranks, [`Algorithm::Auto`] allreduces (and the collectives' barrier) go
+/// through a tree: the flat exchanges cost O(ranks²) flags per call.
+pub const TREE_MIN_RANKS: usize = 16;
+
+/// Children per rank in [`Algorithm::Tree`] (1,024 ranks are 4 levels: 1, 16, 256, 751).
+pub const TREE_FANOUT: usize = 16;
 
 /// Allreduces of at least this many bytes use [`Algorithm::SingleCopy`] when
 /// [`Algorithm::Auto`] chooses and peers' memory can be read.
@@ -55,7 +67,7 @@ pub(super) const LINE: usize = 64;
 
 /// Where in a rank's flag line its arguments go (two words, by epoch parity): `+0` is the
 /// ready flag, `+4` the second phase's (and the single-copy closing one), `+8` the ring's.
-const AGREED_AT: usize = 16;
+pub(super) const AGREED_AT: usize = 16;
 
 /// Where in a rank's flag line the address of its buffer goes, for a single-copy call (two
 /// words, by epoch parity).
@@ -72,7 +84,7 @@ pub(super) struct Agreed {
 }
 
 /// [`Agreed::kind`] in words: `f32, op sum`.
-fn describe_kind(kind: u64, with_algorithm: bool) -> String {
+pub(super) fn describe_kind(kind: u64, with_algorithm: bool) -> String {
     let dtype = pto_core::DType::ALL
         .get(((kind >> 8) & 0xff) as usize)
         .map_or_else(|| "?".to_string(), ToString::to_string);
@@ -88,6 +100,7 @@ fn describe_kind(kind: u64, with_algorithm: bool) -> String {
         2 => ", two-phase",
         3 => ", ring",
         4 => ", single-copy",
+        5 => ", tree",
         _ => "",
     };
     format!("{dtype}, op {op}{algo}")
@@ -292,6 +305,11 @@ impl Collectives {
         let _join = crate::check::Join::collective(self.comm(), "barrier");
         if let Some(m) = self.w.library() {
             return m.barrier(self.comm().deadline());
+        }
+        if self.n() > TREE_MIN_RANKS {
+            // An allreduce of nothing: up the tree and back down, O(ranks) flags.
+            let desc = Agreed { bytes: 0, kind: 0 };
+            return self.allreduce_tree::<i32>(&mut [], ReduceOp::Sum, desc);
         }
         let e = self.next_epoch();
         self.ready(e)
