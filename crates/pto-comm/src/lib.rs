@@ -64,8 +64,8 @@ mod world;
 pub use backend::queue::SharedQueue;
 pub use backend::Backend;
 pub use collective::{
-    Algorithm, Collectives, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES, SINGLE_COPY_MIN_BYTES, TREE_FANOUT,
-    TREE_MIN_RANKS,
+    Algorithm, Collectives, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES, SINGLE_COPY_MIN_BYTES,
+    TREE_FANOUT, TREE_MIN_RANKS,
 };
 pub use comm::Comm;
 pub use context::CommContext;

@@ -255,10 +255,7 @@ fn rank_entry() {
                 | Err(CommError::PeerGone { rank: 2, .. }) => {
                     let at = pto_shm::process::monotonic_ns();
                     let path = std::env::var("PTO_TEST_NOTICE").unwrap();
-                    let mut f = std::fs::OpenOptions::new()
-                        .append(true)
-                        .open(path)
-                        .unwrap();
+                    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
                     std::io::Write::write_all(&mut f, format!("{at}\n").as_bytes()).unwrap();
                 }
                 other => fail(format!("expected rank 2 to be named, got {other:?}")),

@@ -133,10 +133,16 @@ mod tests {
 
     #[test]
     fn fits_lines_and_powers() {
-        let lin: Vec<(f64, f64)> = [2.0, 4.0, 8.0, 16.0].iter().map(|&n| (n, 3.0 + 2.0 * n)).collect();
+        let lin: Vec<(f64, f64)> = [2.0, 4.0, 8.0, 16.0]
+            .iter()
+            .map(|&n| (n, 3.0 + 2.0 * n))
+            .collect();
         let (a, b, _) = fit(&lin);
         assert!((a - 3.0).abs() < 1e-9 && (b - 2.0).abs() < 1e-9);
-        let quad: Vec<(f64, f64)> = [2.0, 4.0, 8.0, 16.0].iter().map(|&n| (n, 5.0 * n * n)).collect();
+        let quad: Vec<(f64, f64)> = [2.0, 4.0, 8.0, 16.0]
+            .iter()
+            .map(|&n| (n, 5.0 * n * n))
+            .collect();
         let (_, _, k) = fit(&quad);
         assert!((k - 2.0).abs() < 1e-9);
     }

@@ -21,8 +21,12 @@ pub const SPIN: u32 = 1;
 /// arriving within a few scheduler time slices is caught without a futex round trip, short
 /// enough that a long wait costs no CPU.
 pub const SPIN_FOR: Duration = Duration::from_micros(50);
-/// Longest single park; bounds how late a deadline or a failure is noticed.
+/// The first park's length; each later park of the same wait is twice as long, up to
+/// [`MAX_SLICE`]. Bounds how late a deadline or a failure is noticed.
 pub const SLICE: Duration = Duration::from_millis(10);
+/// The longest park: long waits (many ranks on few CPUs waiting for the last ones to start)
+/// wake 10 times a second, not 100 (docs/design/scale.md).
+pub const MAX_SLICE: Duration = Duration::from_millis(100);
 /// How often the liveness check runs while parked.
 pub const CHECK_EVERY: Duration = Duration::from_millis(20);
 
@@ -95,6 +99,7 @@ pub fn bounded<R, E>(
     }
     let start = Instant::now();
     let mut last_check = start;
+    let mut slice = SLICE;
     loop {
         if let Some(r) = look().map_err(WaitError::Check)? {
             return Ok(r);
@@ -124,7 +129,8 @@ pub fn bounded<R, E>(
                 let v = word.load(Ordering::SeqCst);
                 let done = look();
                 if let Ok(None) = done {
-                    word.park(v, SLICE.min(deadline - now));
+                    word.park(v, slice.min(deadline - now));
+                    slice = (slice * 2).min(MAX_SLICE);
                 }
                 sleepers.fetch_sub(1, Ordering::SeqCst);
                 if let Some(r) = done.map_err(WaitError::Check)? {

@@ -1,6 +1,9 @@
 //! Per-child mailboxes and bootstrap channels in shared memory.
 //!
-//! One segment per child, created by the parent before it forks:
+//! One segment holds every child's mailbox, created by the parent before it forks (one mapping
+//! to copy per fork, not one per child: with 1,024 chips the forks copied a million mappings).
+//! Each mailbox is a slot of [`SLOT`] bytes at `i × SLOT` (slot 0's first 256 bytes are the
+//! segment's header, which the layout leaves free); offsets below are within a slot:
 //!
 //! | offset | what |
 //! |---|---|
@@ -21,6 +24,7 @@
 #![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pto_shm::wait::{wait_until, wake, WaitError};
@@ -119,29 +123,53 @@ pub struct Ident {
     pub generation: u64,
 }
 
-/// A child's mailbox.
+/// Bytes of one mailbox (a multiple of the page size).
+pub const SLOT: usize = DATA + FRAME_CAP + RESULT_CAP;
+
+/// A child's mailbox: its slot of the Worker's mailbox segment.
 #[derive(Debug)]
 pub struct Mailbox {
-    seg: Segment,
+    seg: Arc<Segment>,
+    base: usize,
 }
 
 impl Mailbox {
-    /// Creates a mailbox (parent, before forking).
+    /// Creates one mailbox in a segment of its own (parent, before forking).
     ///
     /// # Errors
     ///
     /// An OS error or no space in `/dev/shm`.
     pub fn create(tag: &str) -> Result<Mailbox, WorkerError> {
+        let mut v = Mailbox::create_set(tag, 1)?;
+        v.pop()
+            .ok_or_else(|| WorkerError::Args("no mailbox was made".into()))
+    }
+
+    /// Creates `n` mailboxes in one segment (parent, before forking).
+    ///
+    /// # Errors
+    ///
+    /// An OS error or no space in `/dev/shm`.
+    pub fn create_set(tag: &str, n: usize) -> Result<Vec<Mailbox>, WorkerError> {
         let name = Segment::fresh_name(tag);
-        let seg = Segment::create(
+        let len = SLOT
+            .checked_mul(n.max(1))
+            .ok_or_else(|| WorkerError::Args(format!("{n} mailboxes do not fit in memory")))?;
+        let seg = Arc::new(Segment::create(
             &name,
-            DATA + FRAME_CAP + RESULT_CAP,
+            len,
             HeaderInit {
                 kind: segment_kind::MAILBOX,
+                nranks: n as u32,
                 ..HeaderInit::default()
             },
-        )?;
-        Ok(Mailbox { seg })
+        )?);
+        Ok((0..n)
+            .map(|i| Mailbox {
+                seg: seg.clone(),
+                base: i * SLOT,
+            })
+            .collect())
     }
 
     /// The segment's name.
@@ -150,18 +178,21 @@ impl Mailbox {
     }
 
     fn w32(&self, off: usize) -> &AtomicU32 {
-        self.seg.atomic_u32(off)
+        self.seg.atomic_u32(self.base + off)
     }
 
     fn w64(&self, off: usize) -> &AtomicU64 {
-        self.seg.atomic_u64(off)
+        self.seg.atomic_u64(self.base + off)
     }
 
     fn write_bytes(&self, off: usize, cap: usize, b: &[u8]) -> usize {
         let n = b.len().min(cap);
-        // SAFETY: `off + cap` lies inside the segment (layout above) and the protocol gives the
+        // SAFETY: `off + cap` lies inside this mailbox's slot (layout above), which lies inside
+        // the segment (`base + SLOT <= len`), and the protocol gives the
         // writer exclusive use of this area until it publishes the state word.
-        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), self.seg.as_ptr().add(off), n) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(b.as_ptr(), self.seg.as_ptr().add(self.base + off), n)
+        };
         n
     }
 
@@ -173,9 +204,15 @@ impl Mailbox {
             )));
         }
         let mut v = vec![0u8; len];
-        // SAFETY: `off + len <= off + cap`, inside the segment; the protocol gives the reader
+        // SAFETY: `off + len <= off + cap`, inside this mailbox's slot and so the segment; the protocol gives the reader
         // this area after it acquired the state word.
-        unsafe { std::ptr::copy_nonoverlapping(self.seg.as_ptr().add(off), v.as_mut_ptr(), len) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.seg.as_ptr().add(self.base + off),
+                v.as_mut_ptr(),
+                len,
+            )
+        };
         Ok(v)
     }
 
@@ -304,11 +341,11 @@ impl Mailbox {
             return Ok(None);
         }
         let mut rec = vec![0u8; BOOT_RECORD];
-        // SAFETY: the record area lies inside the segment; the child finished writing it before
+        // SAFETY: the record area lies inside this mailbox's slot, inside the segment; the child finished writing it before
         // it released the state word we acquired.
         unsafe {
             std::ptr::copy_nonoverlapping(
-                self.seg.as_ptr().add(BOOT),
+                self.seg.as_ptr().add(self.base + BOOT),
                 rec.as_mut_ptr(),
                 BOOT_RECORD,
             )

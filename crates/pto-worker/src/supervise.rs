@@ -52,10 +52,7 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
     // their deaths in the world: the chips' waits need no /proc reads, from the first fork on.
     let deaths = world.as_ref().map(ShmWorld::supervise);
     let total = spec.chips + spec.subs + spec.workers.len();
-    let mut boxes = Vec::with_capacity(total);
-    for i in 0..total {
-        boxes.push(Mailbox::create(&format!("mb{i}"))?);
-    }
+    let boxes = Mailbox::create_set("mb", total)?;
     let parent = std::process::id();
     let mut children: Vec<ChildHandle> = Vec::with_capacity(total);
     let mut boxes = boxes.into_iter();

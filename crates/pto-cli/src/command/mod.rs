@@ -10,8 +10,8 @@ mod deferred_bench;
 mod mpi_launch;
 mod plugin_bench;
 mod run;
-mod stats;
 mod scale_bench;
+mod stats;
 mod worker_bench;
 
 use std::process::ExitCode;
