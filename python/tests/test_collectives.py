@@ -237,3 +237,29 @@ def test_large_allreduce_reads_peers_buffers_directly(backend, n):
         want = want + ((np.arange(count) * 7 + r * 13) % 101).astype(np.float32) * np.float32(0.37)
     for a in got:
         assert np.array_equal(a, got[0]) and np.allclose(a, want, rtol=1e-5)
+
+
+def test_a_rank_that_dies_is_named_by_its_peers_within_a_second():
+    # Rank 1 dies without a word (SIGKILL) while the others wait in an allreduce: the parent's
+    # watcher publishes the death, and every survivor's wait ends naming rank 1, fast.
+    import os
+    import signal
+    import time
+
+    def body(c):
+        if c.rank == 1:
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGKILL)
+        t = time.monotonic()
+        try:
+            c.allreduce(np.ones(4, np.float32))
+        except pto.CommError as e:
+            return (time.monotonic() - t, str(e))
+        return (None, "no error")
+
+    t = time.monotonic()
+    with pytest.raises(pto.PtoError) as info:
+        pto.run_ranks(4, body)
+    # The survivors return only once their allreduce failed (else: the 30 s deadline).
+    assert time.monotonic() - t < 2
+    assert "rank 1" in str(info.value), str(info.value)

@@ -44,6 +44,9 @@ struct Fit {
     to: usize,
 }
 
+/// A fitted figure: its name, unit and where a row keeps it.
+type Figure = (&'static str, &'static str, fn(&Row) -> f64);
+
 const COLUMNS: [(&str, usize); 9] = [
     ("ranks", 6),
     ("bringup_ms", 11),
@@ -172,7 +175,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         rows.iter().collect()
     };
-    let figures: [(&str, &str, fn(&Row) -> f64); 4] = [
+    let figures: [Figure; 4] = [
         ("bringup", "ms", |r| r.bringup_ms),
         ("barrier", "us", |r| r.barrier_us),
         ("allreduce", "us", |r| r.allreduce_us),
