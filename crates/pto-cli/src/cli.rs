@@ -227,7 +227,7 @@ pub struct BenchArgs {
     /// Collectives: verify every rank's result and print how many elements were wrong.
     #[arg(long)]
     pub check: bool,
-    /// Allreduce: the algorithm (auto, mesh, two-phase, ring, single-copy), or `window`: the
+    /// Allreduce: the algorithm (auto, mesh, two-phase, ring, single-copy, tree), or `window`: the
     /// data already in a window (`allreduce_window`, no copy in or out: the memory-limit
     /// reference the others are measured against).
     #[arg(long, default_value = "auto")]

@@ -385,6 +385,7 @@ fn collectives(c: &Comm) -> Result<(), String> {
             Algorithm::TwoPhase,
             Algorithm::Ring,
             Algorithm::SingleCopy,
+            Algorithm::Tree,
         ] {
             let mut v: Vec<f32> = (0..count).map(|i| (i + 100 * me) as f32).collect();
             co.allreduce_with(&mut v, ReduceOp::Sum, algo).map_err(e)?;

@@ -134,6 +134,7 @@ fn arb_algo() -> impl Strategy<Value = Algorithm> {
         Algorithm::TwoPhase,
         Algorithm::Ring,
         Algorithm::SingleCopy,
+        Algorithm::Tree,
     ])
 }
 
@@ -290,5 +291,53 @@ fn a_large_allreduce_reads_peers_buffers_directly_and_matches_the_mesh() {
     for res in results {
         let (a, b) = res.unwrap().unwrap();
         assert!(a == b && a == first);
+    }
+}
+
+#[test]
+fn above_sixteen_ranks_allreduces_and_barriers_go_through_the_tree() {
+    // 40 ranks (three levels with fan-out 16): every rank gets the same, exact sums, on
+    // repeated calls (epochs) and odd counts, and the collectives' barrier passes.
+    let n = 40;
+    let results = pto_comm::local::run(n, |c| {
+        let co = pto_comm::Collectives::new(&c, 1 << 10)?;
+        assert_eq!(co.allreduce_algorithm::<i64>(8), "tree");
+        for round in 0..20i64 {
+            let mut v: Vec<i64> = (0..301)
+                .map(|i| i * (c.rank() as i64 + 1) + round)
+                .collect();
+            co.allreduce(&mut v, ReduceOp::Sum)?;
+            let k = (n * (n + 1) / 2) as i64;
+            let want: Vec<i64> = (0..301).map(|i| i * k + round * n as i64).collect();
+            assert_eq!(v, want, "round {round}");
+            co.barrier()?;
+        }
+        let mut m = vec![c.rank() as f32; 3];
+        co.allreduce(&mut m, ReduceOp::Max)?;
+        assert_eq!(m, vec![(n - 1) as f32; 3]);
+        Ok::<_, pto_comm::CommError>(())
+    })
+    .unwrap();
+    for r in results {
+        r.unwrap().unwrap();
+    }
+}
+
+#[test]
+fn above_sixteen_ranks_different_arguments_fail_every_rank_naming_two() {
+    let results = pto_comm::local::run(20, |c| {
+        let co = pto_comm::Collectives::new(&c, 1 << 10)?;
+        let mut v = vec![1.0f32; if c.rank() == 17 { 5 } else { 4 }];
+        co.allreduce(&mut v, ReduceOp::Sum)
+    })
+    .unwrap();
+    for (r, res) in results.into_iter().enumerate() {
+        let e = res.unwrap().unwrap_err().to_string();
+        assert!(
+            e.contains("the ranks passed different arguments")
+                && e.contains("rank 17: 20 bytes of f32")
+                && e.contains("rank 1: 16 bytes of f32"),
+            "rank {r}: {e}"
+        );
     }
 }

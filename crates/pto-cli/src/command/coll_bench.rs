@@ -77,6 +77,7 @@ impl Target {
             "two-phase" => Target::Algo(Algorithm::TwoPhase),
             "ring" => Target::Algo(Algorithm::Ring),
             "single-copy" => Target::Algo(Algorithm::SingleCopy),
+            "tree" => Target::Algo(Algorithm::Tree),
             "window" => Target::Window,
             _ => return None,
         })

@@ -307,7 +307,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             || (cfg.algorithm != "auto" && cfg.op != super::coll_bench::Op::Allreduce)
         {
             return Err(crate::exit::Usage(format!(
-                "--algorithm {:?}: auto, mesh, two-phase, ring, single-copy or window (window and the named algorithms for allreduce only)",
+                "--algorithm {:?}: auto, mesh, two-phase, ring, single-copy, tree or window (window and the named algorithms for allreduce only)",
                 cfg.algorithm
             ))
             .into());
