@@ -21,7 +21,7 @@ use crate::buffer::BorrowSet;
 use crate::kernel::{CoreId, Kernel, Payload, Registrations};
 
 /// Slots per chunk.
-const CHUNK: usize = 1024;
+const CHUNK: usize = 256;
 
 /// A slot that holds no task.
 pub(crate) const FREE: u64 = u64::MAX;
