@@ -265,14 +265,7 @@ impl Comm {
                 py.detach(|| self.co.allreduce(s, op)).map_err(comm_err)
             }};
         }
-        match d {
-            DType::F32 => go!(f32),
-            DType::F64 => go!(f64),
-            DType::I32 => go!(i32),
-            DType::I64 => go!(i64),
-            DType::F16 => go!(half::f16),
-            _ => go!(half::bf16),
-        }
+        by_dtype!(d, go)
     }
 
     /// Reduce-scatter of `send` (raw bytes of `dtype_name` elements, size × k of them) with
@@ -319,14 +312,7 @@ impl Comm {
                 Ok(())
             }};
         }
-        match d {
-            DType::F32 => go!(f32),
-            DType::F64 => go!(f64),
-            DType::I32 => go!(i32),
-            DType::I64 => go!(i64),
-            DType::F16 => go!(half::f16),
-            _ => go!(half::bf16),
-        }
+        by_dtype!(d, go)
     }
 
     /// Allocates a window on every rank (collective): buffers `(name, dtype, count)` in order.
@@ -346,6 +332,21 @@ impl Comm {
         Ok(Window::new(win, self.ranks.clone()))
     }
 }
+
+/// Runs `$go!(T)` for the element type `T` of reducible dtype `$d`.
+macro_rules! by_dtype {
+    ($d:expr, $go:ident) => {
+        match $d {
+            DType::F32 => $go!(f32),
+            DType::F64 => $go!(f64),
+            DType::I32 => $go!(i32),
+            DType::I64 => $go!(i64),
+            DType::F16 => $go!(half::f16),
+            _ => $go!(half::bf16),
+        }
+    };
+}
+use by_dtype;
 
 /// A dtype collectives can reduce, from its numpy or pto name.
 fn reducible(name: &Bound<'_, PyAny>, what: &str) -> PyResult<DType> {

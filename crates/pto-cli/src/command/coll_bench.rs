@@ -126,15 +126,6 @@ const COLUMNS: [(&str, usize); 10] = [
     ("wrong", 6),
 ];
 
-fn table_line(cells: &[String]) -> String {
-    cells
-        .iter()
-        .zip(COLUMNS)
-        .map(|(c, (_, w))| format!("{c:>w$}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn print_row(json: bool, r: &Row) {
     if json {
         println!("{}", serde_json::to_string(r).unwrap_or_default());
@@ -143,18 +134,21 @@ fn print_row(json: bool, r: &Row) {
     let f = |x: f64| format!("{x:.2}");
     println!(
         "{}",
-        table_line(&[
-            r.bytes.to_string(),
-            r.count.to_string(),
-            r.dtype.clone(),
-            r.algorithm.to_string(),
-            f(r.time_min_us),
-            f(r.time_avg_us),
-            f(r.time_max_us),
-            f(r.algbw_gbps),
-            f(r.busbw_gbps),
-            r.wrong.map_or_else(|| "-".into(), |w| w.to_string()),
-        ])
+        super::stats::table_line(
+            &[
+                r.bytes.to_string(),
+                r.count.to_string(),
+                r.dtype.clone(),
+                r.algorithm.to_string(),
+                f(r.time_min_us),
+                f(r.time_avg_us),
+                f(r.time_max_us),
+                f(r.algbw_gbps),
+                f(r.busbw_gbps),
+                r.wrong.map_or_else(|| "-".into(), |w| w.to_string()),
+            ],
+            &COLUMNS
+        )
     );
 }
 
@@ -264,10 +258,7 @@ pub fn run_rank(comm: &Comm, cfg: &Config) -> anyhow::Result<()> {
                     String::new()
                 }
             );
-            println!(
-                "{}",
-                table_line(&COLUMNS.iter().map(|c| c.0.to_string()).collect::<Vec<_>>())
-            );
+            println!("{}", super::stats::table_header(&COLUMNS));
         }
     }
     for bytes in sizes(cfg) {

@@ -59,15 +59,6 @@ const COLUMNS: [(&str, usize); 9] = [
     ("mpi_ar1k_us", 12),
 ];
 
-fn line(cells: &[String]) -> String {
-    cells
-        .iter()
-        .zip(COLUMNS)
-        .map(|(c, (_, w))| format!("{c:>w$}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// The most ranks the MPI anchor is run at.
 const MPI_ANCHOR_MAX_RANKS: usize = 512;
 
@@ -115,10 +106,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             super::coll_bench::host_name(),
             env!("CARGO_PKG_VERSION")
         );
-        println!(
-            "{}",
-            line(&COLUMNS.iter().map(|c| c.0.to_string()).collect::<Vec<_>>())
-        );
+        println!("{}", super::stats::table_header(&COLUMNS));
     }
     let mut rows = Vec::new();
     for &n in &counts {
@@ -154,17 +142,20 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             let opt = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
             println!(
                 "{}",
-                line(&[
-                    row.ranks.to_string(),
-                    format!("{:.2}", row.bringup_ms),
-                    format!("{:.2}", row.bringup_per_rank_us),
-                    format!("{:.2}", row.barrier_us),
-                    format!("{:.2}", row.allreduce_us),
-                    format!("{:.2}", row.run_ms),
-                    format!("{:.2}", row.close_ms),
-                    opt(row.mpi_barrier_us),
-                    opt(row.mpi_allreduce1k_us),
-                ])
+                super::stats::table_line(
+                    &[
+                        row.ranks.to_string(),
+                        format!("{:.2}", row.bringup_ms),
+                        format!("{:.2}", row.bringup_per_rank_us),
+                        format!("{:.2}", row.barrier_us),
+                        format!("{:.2}", row.allreduce_us),
+                        format!("{:.2}", row.run_ms),
+                        format!("{:.2}", row.close_ms),
+                        opt(row.mpi_barrier_us),
+                        opt(row.mpi_allreduce1k_us),
+                    ],
+                    &COLUMNS
+                )
             );
         }
         rows.push(row);

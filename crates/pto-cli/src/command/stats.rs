@@ -1,4 +1,5 @@
-//! The one median and percentile of every benchmark.
+//! The one median and percentile of every benchmark, and the table printer of their text
+//! output.
 
 /// The `p`-th percentile (0 to 100, nearest rank) of `v`; NaN for no values.
 pub fn percentile(v: &[f64], p: f64) -> f64 {
@@ -9,6 +10,22 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
     s.sort_by(f64::total_cmp);
     let i = ((p.clamp(0.0, 100.0) / 100.0) * (s.len() - 1) as f64).round() as usize;
     s[i.min(s.len() - 1)]
+}
+
+/// One line of a right-aligned table: each cell padded to its column's width.
+pub fn table_line(cells: &[String], columns: &[(&str, usize)]) -> String {
+    cells
+        .iter()
+        .zip(columns)
+        .map(|(c, (_, w))| format!("{c:>w$}", w = *w))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The header line of a table with `columns`.
+pub fn table_header(columns: &[(&str, usize)]) -> String {
+    let names: Vec<String> = columns.iter().map(|c| c.0.to_string()).collect();
+    table_line(&names, columns)
 }
 
 /// The median of `v` (the upper middle value for an even count); NaN for no values.
