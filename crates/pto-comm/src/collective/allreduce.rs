@@ -4,8 +4,8 @@
 use pto_core::block_range;
 
 use super::{
-    describe_kind, op_code, Agreed, Algorithm, Collectives, ADDR_AT, AGREED_AT, LINE,
-    MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES, SINGLE_COPY_MIN_BYTES, TREE_FANOUT, TREE_MIN_RANKS,
+    describe_kind, op_code, Agreed, Algorithm, Collectives, ADDR_AT, LINE, MESH_MAX_BYTES,
+    MPI_ALLREDUCE_BYTES, SINGLE_COPY_MIN_BYTES, TREE_FANOUT, TREE_MIN_RANKS,
 };
 use crate::backend::library_reduces;
 use crate::error::CommError;
@@ -322,17 +322,13 @@ impl Collectives {
         let (me, n) = (self.me(), self.n());
         let e = self.next_epoch();
         let off = self.area(0, e);
-        let at = AGREED_AT + 16 * (e as usize & 1);
         let first = me * TREE_FANOUT + 1;
         let children = first.min(n)..(first + TREE_FANOUT).min(n);
         let len = data.len();
         self.stage(off, data)?;
         for c in children.clone() {
             self.w.wait_until(c * LINE, e)?;
-            let mut w = [0u8; 16];
-            self.w.get(me, c * LINE + at, &mut w)?;
-            let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
-            let (bytes, kind) = (word(&w[..8]), word(&w[8..]));
+            let Agreed { bytes, kind } = self.agreed_of(c, e)?;
             if (bytes, kind) != (desc.bytes, desc.kind) {
                 let rank = |p: usize| self.comm().world_rank_of(p).unwrap_or(p);
                 let each = format!(
@@ -360,11 +356,8 @@ impl Collectives {
         }
         if me > 0 {
             let parent = (me - 1) / TREE_FANOUT;
-            let mut words = [0u8; 16];
-            words[..8].copy_from_slice(&desc.bytes.to_le_bytes());
-            words[8..].copy_from_slice(&desc.kind.to_le_bytes());
             // Visible to the parent before the ready flag (the notify releases it).
-            self.w.put(parent, me * LINE + at, &words)?;
+            self.put_agreed(parent, e, desc)?;
             self.w.notify(parent, me * LINE, e, SignalOp::Set)?;
             self.w.wait_until(parent * LINE + 4, e)?;
             if len > 0 {

@@ -67,7 +67,7 @@ pub(super) const LINE: usize = 64;
 
 /// Where in a rank's flag line its arguments go (two words, by epoch parity): `+0` is the
 /// ready flag, `+4` the second phase's (and the single-copy closing one), `+8` the ring's.
-pub(super) const AGREED_AT: usize = 16;
+const AGREED_AT: usize = 16;
 
 /// Where in a rank's flag line the address of its buffer goes, for a single-copy call (two
 /// words, by epoch parity).
@@ -81,6 +81,27 @@ pub(super) const ADDR_AT: usize = 48;
 pub(super) struct Agreed {
     pub(super) bytes: u64,
     pub(super) kind: u64,
+}
+
+impl Agreed {
+    fn to_words(self) -> [u8; 16] {
+        let mut w = [0u8; 16];
+        w[..8].copy_from_slice(&self.bytes.to_le_bytes());
+        w[8..].copy_from_slice(&self.kind.to_le_bytes());
+        w
+    }
+
+    fn from_words(w: [u8; 16]) -> Agreed {
+        let word = |b: &[u8]| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(b);
+            u64::from_le_bytes(x)
+        };
+        Agreed {
+            bytes: word(&w[..8]),
+            kind: word(&w[8..]),
+        }
+    }
 }
 
 /// [`Agreed::kind`] in words: `f32, op sum`.
@@ -222,36 +243,42 @@ impl Collectives {
         self.exchange(0, epoch)
     }
 
+    /// Writes this rank's arguments `a` of `epoch` into its line in `peer`'s window (before
+    /// the flag that releases them).
+    pub(super) fn put_agreed(&self, peer: usize, epoch: u32, a: Agreed) -> Result<(), CommError> {
+        let at = AGREED_AT + 16 * (epoch as usize & 1);
+        self.w.put(peer, self.me() * LINE + at, &a.to_words())
+    }
+
+    /// The arguments rank `p` wrote for `epoch` into its line of this rank's window (after its
+    /// flag was seen).
+    pub(super) fn agreed_of(&self, p: usize, epoch: u32) -> Result<Agreed, CommError> {
+        let at = AGREED_AT + 16 * (epoch as usize & 1);
+        let mut w = [0u8; 16];
+        self.w.get(self.me(), p * LINE + at, &mut w)?;
+        Ok(Agreed::from_words(w))
+    }
+
     /// [`Collectives::ready`], comparing what every rank passed ([`Agreed`]). The words are
     /// double-buffered by epoch parity: a peer rewrites this epoch's only two epochs later,
     /// after it has seen this rank's next ready flag, which comes after this comparison.
     pub(super) fn ready_agreed(&self, epoch: u32, a: Agreed) -> Result<(), CommError> {
         let (me, n) = (self.me(), self.n());
-        let at = AGREED_AT + 16 * (epoch as usize & 1);
-        let mut words = [0u8; 16];
-        words[..8].copy_from_slice(&a.bytes.to_le_bytes());
-        words[8..].copy_from_slice(&a.kind.to_le_bytes());
         for p in 0..n {
             if p != me {
                 // Visible to `p` before this rank's ready flag (the notify releases it).
-                self.w.put(p, me * LINE + at, &words)?;
+                self.put_agreed(p, epoch, a)?;
             }
         }
         self.ready(epoch)?;
-        let word = |b: &[u8]| {
-            let mut x = [0u8; 8];
-            x.copy_from_slice(b);
-            u64::from_le_bytes(x)
-        };
         let mut all = Vec::with_capacity(n);
         for p in 0..n {
-            if p == me {
-                all.push((a.bytes, a.kind));
-                continue;
-            }
-            let mut theirs = [0u8; 16];
-            self.w.get(me, p * LINE + at, &mut theirs)?;
-            all.push((word(&theirs[..8]), word(&theirs[8..])));
+            let theirs = if p == me {
+                a
+            } else {
+                self.agreed_of(p, epoch)?
+            };
+            all.push((theirs.bytes, theirs.kind));
         }
         if all.iter().any(|x| *x != (a.bytes, a.kind)) {
             // The algorithm is named only where the ranks chose differently.
