@@ -19,33 +19,7 @@ use std::io;
 /// The system call's error: `ESRCH` (no such process), `EFAULT` (the range is not mapped
 /// there), `EPERM` (not permitted), `ENOSYS` (not in this kernel or sandbox).
 pub fn read(pid: u32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < dst.len() {
-        let local = libc::iovec {
-            iov_base: dst[done..].as_mut_ptr().cast(),
-            iov_len: dst.len() - done,
-        };
-        let remote = libc::iovec {
-            iov_base: (addr as usize + done) as *mut libc::c_void,
-            iov_len: dst.len() - done,
-        };
-        // SAFETY: `local` describes `dst[done..]`, memory this function borrows mutably for
-        // the call; the kernel writes only there, at most `iov_len` bytes. `remote` names
-        // memory in another process, which the kernel checks (an unmapped range is EFAULT,
-        // nothing in this process is read through it).
-        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "process_vm_readv read nothing",
-            ));
-        }
-        done += n as usize;
-    }
-    Ok(())
+    transfer(pid, addr, dst.as_mut_ptr(), dst.len(), Direction::Read)
 }
 
 /// Writes `src` at `addr` in process `pid`.
@@ -54,27 +28,54 @@ pub fn read(pid: u32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
 ///
 /// As [`read`].
 pub fn write(pid: u32, addr: u64, src: &[u8]) -> io::Result<()> {
+    // The kernel only reads `src` (the pointer is `*mut` for the iovec type alone).
+    transfer(
+        pid,
+        addr,
+        src.as_ptr().cast_mut(),
+        src.len(),
+        Direction::Write,
+    )
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Read,
+    Write,
+}
+
+/// Copies `len` bytes between `local` (this process) and `addr` in process `pid`, looping over
+/// partial copies. `local` must be valid for `len` bytes for the call: written when reading,
+/// only read when writing ([`read`] and [`write`] pass their slices).
+fn transfer(pid: u32, addr: u64, local: *mut u8, len: usize, dir: Direction) -> io::Result<()> {
     let mut done = 0usize;
-    while done < src.len() {
-        let local = libc::iovec {
-            iov_base: src[done..].as_ptr() as *mut libc::c_void,
-            iov_len: src.len() - done,
+    while done < len {
+        let here = libc::iovec {
+            iov_base: local.wrapping_add(done).cast(),
+            iov_len: len - done,
         };
-        let remote = libc::iovec {
+        let there = libc::iovec {
             iov_base: (addr as usize + done) as *mut libc::c_void,
-            iov_len: src.len() - done,
+            iov_len: len - done,
         };
-        // SAFETY: `local` describes `src[done..]`, which the kernel only reads (the pointer is
-        // cast to `*mut` for the iovec type alone). `remote` names memory of another process,
-        // checked by the kernel; nothing in this process is written.
-        let n = unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        let pid = pid as libc::pid_t;
+        // SAFETY: `here` describes `local[done..len]`, memory the caller's slice lends for the
+        // call: the kernel writes at most `iov_len` bytes there when reading and only reads it
+        // when writing. `there` names memory of another process, which the kernel checks (an
+        // unmapped range is EFAULT; nothing in this process is touched through it).
+        let n = unsafe {
+            match dir {
+                Direction::Read => libc::process_vm_readv(pid, &here, 1, &there, 1, 0),
+                Direction::Write => libc::process_vm_writev(pid, &here, 1, &there, 1, 0),
+            }
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                "process_vm_writev wrote nothing",
+                "cross-memory attach copied nothing",
             ));
         }
         done += n as usize;

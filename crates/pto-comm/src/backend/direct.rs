@@ -23,6 +23,24 @@ pub(crate) enum PeerMemory {
 }
 
 impl PeerMemory {
+    /// The error of a single-copy call where peers' memory cannot be reached.
+    fn off(peer: usize) -> CommError {
+        CommError::NotMapped {
+            rank: peer,
+            why: "the single-copy path is off on this backend",
+        }
+    }
+
+    /// A failed cross-memory copy with comm rank `peer`, naming its world rank and pid.
+    fn failed(pids: &[(usize, u32)], peer: usize, source: std::io::Error) -> CommError {
+        let (rank, pid) = pids.get(peer).copied().unwrap_or((peer, 0));
+        CommError::PeerRead { rank, pid, source }
+    }
+
+    fn pid(pids: &[(usize, u32)], peer: usize) -> u32 {
+        pids.get(peer).map_or(0, |p| p.1)
+    }
+
     /// Whether peers' memory can be read.
     pub(crate) fn available(&self) -> bool {
         !matches!(self, PeerMemory::None)
@@ -40,10 +58,7 @@ impl PeerMemory {
     ) -> Result<(), CommError> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         match self {
-            PeerMemory::None => Err(CommError::NotMapped {
-                rank: peer,
-                why: "the single-copy path is off on this backend",
-            }),
+            PeerMemory::None => Err(Self::off(peer)),
             PeerMemory::Threads => {
                 // SAFETY: the protocol above: `addr` points to `bytes.len()` bytes of a buffer
                 // of a thread of this process that is blocked in the same collective call (so
@@ -58,14 +73,8 @@ impl PeerMemory {
                 }
                 Ok(())
             }
-            PeerMemory::Processes(pids) => {
-                let (rank, pid) = pids.get(peer).copied().unwrap_or((peer, 0));
-                pto_shm::cma::read(pid, addr, bytes).map_err(|source| CommError::PeerRead {
-                    rank,
-                    pid,
-                    source,
-                })
-            }
+            PeerMemory::Processes(pids) => pto_shm::cma::read(Self::pid(pids, peer), addr, bytes)
+                .map_err(|e| Self::failed(pids, peer, e)),
         }
     }
 
@@ -81,10 +90,7 @@ impl PeerMemory {
     ) -> Result<(), CommError> {
         let bytes: &[u8] = bytemuck::cast_slice(src);
         match self {
-            PeerMemory::None => Err(CommError::NotMapped {
-                rank: peer,
-                why: "the single-copy path is off on this backend",
-            }),
+            PeerMemory::None => Err(Self::off(peer)),
             PeerMemory::Threads => {
                 // SAFETY: the protocol above: `addr` points to `bytes.len()` bytes of a buffer
                 // of a thread of this process that is blocked in the same collective call (so
@@ -99,14 +105,8 @@ impl PeerMemory {
                 }
                 Ok(())
             }
-            PeerMemory::Processes(pids) => {
-                let (rank, pid) = pids.get(peer).copied().unwrap_or((peer, 0));
-                pto_shm::cma::write(pid, addr, bytes).map_err(|source| CommError::PeerRead {
-                    rank,
-                    pid,
-                    source,
-                })
-            }
+            PeerMemory::Processes(pids) => pto_shm::cma::write(Self::pid(pids, peer), addr, bytes)
+                .map_err(|e| Self::failed(pids, peer, e)),
         }
     }
 }
