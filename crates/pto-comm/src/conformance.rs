@@ -429,12 +429,13 @@ fn size_mismatch(c: &Comm) -> Result<(), String> {
             ours: 256,
             ..
         }) if c.rank() == 1 => Ok(()),
-        // On MPI the members agree on the size before allocating: everyone gets the mismatch.
+        // Where the members agree on the size before allocating (MPI), everyone gets the
+        // mismatch.
         Err(CommError::Mismatch {
             theirs: 256,
             ours: 128,
             ..
-        }) if c.rank() != 1 && c.backend() == crate::backend::Backend::Mpi => Ok(()),
+        }) if c.rank() != 1 => Ok(()),
         Err(CommError::Aborted { rank: 1, message }) if c.rank() != 1 => {
             ensure(message.contains("128") && message.contains("256"), || {
                 format!("abort message {message:?}")

@@ -64,7 +64,7 @@ mod world;
 pub use backend::queue::SharedQueue;
 pub use backend::Backend;
 pub use collective::{
-    Algorithm, Collectives, MESH_MAX_BYTES, MPI_ALLREDUCE_BYTES, SINGLE_COPY_MIN_BYTES,
+    Algorithm, Collectives, LIBRARY_ALLREDUCE_BYTES, MESH_MAX_BYTES, SINGLE_COPY_MIN_BYTES,
     TREE_FANOUT, TREE_MIN_RANKS,
 };
 pub use comm::Comm;

@@ -15,7 +15,6 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -27,128 +26,15 @@ use pto_core::KernelCtx;
 use crate::context::CommContext;
 use crate::window::BufferRef;
 
+mod join;
 mod log;
 mod replay;
+mod report;
 
+pub(crate) use join::Join;
 use log::{Ev, Sink};
-
-/// How an access touches memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AccessKind {
-    /// A plain read.
-    Read,
-    /// A plain write.
-    Write,
-    /// An atomic read-modify-write or store (atomics, notifies).
-    Atomic,
-}
-
-impl AccessKind {
-    fn word(self) -> &'static str {
-        match self {
-            AccessKind::Read => "reads",
-            AccessKind::Write => "writes",
-            AccessKind::Atomic => "atomically updates",
-        }
-    }
-}
-
-/// One recorded window access, as a report shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Access {
-    /// The rank that made it.
-    pub rank: usize,
-    /// The operation (`put`, `get`, `notify`, `atomic add`, `kernel argument`...).
-    pub op: String,
-    /// How it touches memory.
-    pub kind: AccessKind,
-    /// The task that made it, when a kernel did.
-    pub task: Option<u64>,
-    /// That task's kernel.
-    pub kernel: Option<String>,
-    /// The rank whose window it touched.
-    pub target: usize,
-    /// The window's buffer it touched (`None` outside named buffers).
-    pub buffer: Option<String>,
-    /// Bytes touched, relative to the buffer (or the window).
-    pub range: (usize, usize),
-}
-
-impl Access {
-    fn describe(&self) -> String {
-        let mut s = format!("rank {} {} ", self.rank, self.kind.word());
-        match &self.buffer {
-            Some(b) => write!(s, "`{b}[{}..{})`", self.range.0, self.range.1),
-            None => write!(s, "window bytes [{}..{})", self.range.0, self.range.1),
-        }
-        .ok();
-        if self.target != self.rank {
-            write!(s, " of rank {}", self.target).ok();
-        }
-        write!(s, " ({}", self.op).ok();
-        if let (Some(t), Some(k)) = (self.task, &self.kernel) {
-            write!(s, " in task {t} `{k}`").ok();
-        } else {
-            s.push_str(" from host code");
-        }
-        s.push(')');
-        s
-    }
-}
-
-/// Two accesses that no synchronization orders.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Race {
-    /// The window.
-    pub window: String,
-    /// The first access (in record order).
-    pub first: Access,
-    /// The second.
-    pub second: Access,
-    /// What synchronization would order them.
-    pub advice: String,
-}
-
-impl std::fmt::Display for Race {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} and {}: neither is ordered before the other: {}",
-            self.first.describe(),
-            self.second.describe(),
-            self.advice
-        )
-    }
-}
-
-/// A rank blocked in a wait when a deadline passed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Blocked {
-    /// The rank.
-    pub rank: usize,
-    /// What it waits on, in words.
-    pub what: String,
-    /// The ranks it waits for (empty when unknown).
-    pub on: Vec<usize>,
-}
-
-/// What a checked run found.
-#[derive(Clone, Debug, Default)]
-pub struct CheckReport {
-    /// Unordered conflicting accesses.
-    pub races: Vec<Race>,
-    /// Window accesses recorded.
-    pub accesses: usize,
-    /// Ordering edges recorded (acquires and joins).
-    pub edges: usize,
-    /// Waits satisfied by a signal value already there before the rank's current epoch began
-    /// (a single-use signal reused without being reset or raised).
-    pub warnings: Vec<String>,
-    /// The wait-for graph when a wait passed its deadline (empty otherwise).
-    pub blocked: Vec<Blocked>,
-    /// A cycle of ranks waiting on each other, when the graph has one.
-    pub cycle: Vec<usize>,
-}
+use report::cycle;
+pub use report::{render, Access, AccessKind, Blocked, CheckReport, Race};
 
 /// What the checker follows live (ranks that are threads of this process): joining points'
 /// sequence numbers, and who waits on what, for the wait-for graph.
@@ -565,105 +451,4 @@ pub(crate) fn stalled(e: &crate::error::CommError) -> bool {
         e,
         E::Timeout { .. } | E::PeerGone { .. } | E::PeerDied { .. }
     )
-}
-
-fn cycle(blocked: &[Blocked]) -> Vec<usize> {
-    let on: HashMap<usize, &Vec<usize>> = blocked.iter().map(|b| (b.rank, &b.on)).collect();
-    for b in blocked {
-        let mut path = vec![b.rank];
-        let mut cur = b.rank;
-        while let Some(next) = on.get(&cur).and_then(|v| v.first()).copied() {
-            if next == b.rank {
-                return path;
-            }
-            if path.contains(&next) {
-                break;
-            }
-            path.push(next);
-            cur = next;
-        }
-    }
-    Vec::new()
-}
-
-/// A joining point of a communicator's members (a barrier or a collective), for the checker:
-/// entered when made, left when dropped. Inside a collective (`quiet`) the runtime's own
-/// accesses are not recorded.
-pub(crate) struct Join(Option<(Arc<Checker>, usize, String, u64, bool)>);
-
-impl Join {
-    /// A barrier (of a window or a communicator) named by `name`.
-    pub(crate) fn enter(comm: &crate::comm::Comm, name: &str, what: &str) -> Join {
-        Join::make(comm, name, what, false)
-    }
-
-    /// A collective of `comm`: one joining point, its internals not recorded.
-    pub(crate) fn collective(comm: &crate::comm::Comm, what: &str) -> Join {
-        Join::make(comm, &comm.inner.key, what, true)
-    }
-
-    fn make(comm: &crate::comm::Comm, name: &str, what: &str, quiet: bool) -> Join {
-        let Some(c) = active() else {
-            return Join(None);
-        };
-        let rank = comm.world_rank();
-        let key = format!("{what} of {name}");
-        let members: Vec<usize> = (0..comm.size())
-            .map(|i| comm.world_rank_of(i).unwrap_or(i))
-            .collect();
-        let seq = c.enter(rank, &key, &members, comm.rank());
-        if quiet {
-            QUIET.with(|q| *q.borrow_mut() += 1);
-        }
-        Join(Some((c, rank, key, seq, quiet)))
-    }
-}
-
-impl Join {
-    /// The joining point failed with `e`: a deadline, or a member that left or died, takes
-    /// the wait-for graph.
-    pub(crate) fn failed(&self, e: &crate::error::CommError) {
-        if let Some((c, ..)) = &self.0 {
-            if stalled(e) {
-                c.snapshot();
-            }
-        }
-    }
-}
-
-impl Drop for Join {
-    fn drop(&mut self) {
-        if let Some((c, rank, key, seq, quiet)) = self.0.take() {
-            if quiet {
-                QUIET.with(|q| *q.borrow_mut() -= 1);
-            }
-            c.leave(rank, &key, seq);
-        }
-    }
-}
-
-/// A report's text: every race, then the wait-for graph.
-pub fn render(r: &CheckReport) -> String {
-    let mut s = String::new();
-    for (i, race) in r.races.iter().enumerate() {
-        writeln!(s, "race {}: {race}", i + 1).ok();
-    }
-    for w in &r.warnings {
-        writeln!(s, "warning: {w}").ok();
-    }
-    if !r.blocked.is_empty() {
-        s.push_str("wait-for graph when a deadline passed:\n");
-        for b in &r.blocked {
-            write!(s, "  rank {} waits on {}", b.rank, b.what).ok();
-            if !b.on.is_empty() {
-                write!(s, " (last notified by rank {})", b.on[0]).ok();
-            }
-            s.push('\n');
-        }
-        if !r.cycle.is_empty() {
-            let names: Vec<String> = r.cycle.iter().map(|x| format!("rank {x}")).collect();
-            writeln!(s, "  deadlock: {} wait on each other", names.join(" -> ")).ok();
-        }
-    }
-    s
 }

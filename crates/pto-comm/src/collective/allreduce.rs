@@ -4,8 +4,8 @@
 use pto_core::block_range;
 
 use super::{
-    describe_kind, op_code, Agreed, Algorithm, Collectives, ADDR_AT, LINE, MESH_MAX_BYTES,
-    MPI_ALLREDUCE_BYTES, SINGLE_COPY_MIN_BYTES, TREE_FANOUT, TREE_MIN_RANKS,
+    describe_kind, op_code, Agreed, Algorithm, Collectives, ADDR_AT, LIBRARY_ALLREDUCE_BYTES, LINE,
+    MESH_MAX_BYTES, SINGLE_COPY_MIN_BYTES, TREE_FANOUT, TREE_MIN_RANKS,
 };
 use crate::backend::library_reduces;
 use crate::error::CommError;
@@ -41,7 +41,7 @@ impl Collectives {
         let _join = crate::check::Join::collective(self.comm(), "allreduce_with");
         let on_library_by_choice = algo == Algorithm::Auto
             && library_reduces(T::DTYPE)
-            && MPI_ALLREDUCE_BYTES.contains(&std::mem::size_of_val(data));
+            && LIBRARY_ALLREDUCE_BYTES.contains(&std::mem::size_of_val(data));
         if self.w.library().is_some()
             || (on_library_by_choice && self.comm().inner.io.library().is_some())
         {
@@ -103,7 +103,7 @@ impl Collectives {
     ) -> &'static str {
         let on_library_by_choice = algo == Algorithm::Auto
             && library_reduces(T::DTYPE)
-            && MPI_ALLREDUCE_BYTES.contains(&bytes);
+            && LIBRARY_ALLREDUCE_BYTES.contains(&bytes);
         if self.w.library().is_some()
             || (on_library_by_choice && self.comm().inner.io.library().is_some())
         {

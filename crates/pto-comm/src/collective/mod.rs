@@ -141,7 +141,7 @@ pub(super) fn op_code(op: ReduceOp) -> u64 {
 /// bytes (and a dtype MPI reduces) to MPI's own `MPI_Allreduce`: in `pto bench allreduce
 /// --backend mpi` on 2 and 4 ranks it was as fast or up to 1.2x faster there, and pto's own
 /// was faster below (up to 3x) and at 64 MiB (see docs/BENCHMARKS.md).
-pub const MPI_ALLREDUCE_BYTES: std::ops::Range<usize> = (256 << 10)..(32 << 20);
+pub const LIBRARY_ALLREDUCE_BYTES: std::ops::Range<usize> = (256 << 10)..(32 << 20);
 
 /// Collectives over one communicator, with their own window.
 #[derive(Debug)]

@@ -12,7 +12,7 @@
 //! * **shared** windows (`MPI_Win_allocate_shared`, when every rank is on one node): every rank
 //!   maps every rank's part, so the same direct loads, stores and parking waits as the shm
 //!   backend run, and collectives are pto's own, except mid-size allreduces where MPI's is
-//!   faster ([`crate::MPI_ALLREDUCE_BYTES`]; see `docs/BENCHMARKS.md`).
+//!   faster ([`crate::LIBRARY_ALLREDUCE_BYTES`]; see `docs/BENCHMARKS.md`).
 //!
 //! The mode is `shared` when all ranks share a node and `rma` otherwise; `PTO_MPI_WINDOWS=rma`
 //! forces RMA windows on one node (to test that path). Barriers are `MPI_Ibarrier` completed
