@@ -133,6 +133,30 @@ def test_ctrl_c_interrupts_a_worker_run(group):
     assert "PanicException" not in err and "panicked" not in err, err
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
+def test_sigterm_and_sighup_end_a_worker_process_its_children_and_its_segments(sig):
+    p = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        info = json.loads(p.stdout.readline())
+        time.sleep(1.0)
+        t = time.monotonic()
+        os.kill(p.pid, sig)
+        out, err = p.communicate(timeout=20)
+        took = time.monotonic() - t
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    # Ended by the signal (128 + signal from pto's handler, or the signal itself).
+    assert p.returncode in (128 + sig, -sig), (p.returncode, out, err)
+    assert took < 2.0, f"took {took:.2f} s to exit"
+    assert len(info["children"]) == 3
+    assert not [c for c in info["children"] if _alive(c)]
+    assert _pto_segments([info["pid"], *info["children"]]) == []
+    assert "PanicException" not in err and "panicked" not in err, err
+
+
 def test_the_interrupt_is_prompt():
     script = WORKER_SCRIPT.replace(
         'print("KeyboardInterrupt at", time.monotonic(), flush=True)',

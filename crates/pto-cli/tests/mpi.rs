@@ -165,7 +165,54 @@ fn a_missing_launcher_is_an_environment_error_naming_it() {
 }
 
 #[test]
-fn sigint_ends_mpirun_and_every_rank() {
+fn mpiexec_names_the_launcher_and_the_open_mpi_settings_are_told() {
+    let dir = std::env::temp_dir().join(format!("pto-mpiexec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let used = dir.join("used");
+    let script = dir.join("my-mpiexec");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$*\" > {}\nexec mpirun \"$@\"\n",
+            used.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let n = (cpus + 1).to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_pto"))
+        .args(["run", "ffn_tp_parallel", "--backend", "mpi", "--ranks", &n])
+        .env_remove("PTO_MPIRUN")
+        .env_remove("OMPI_ALLOW_RUN_AS_ROOT")
+        .env_remove("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+        .env_remove("OMPI_MCA_rmaps_base_oversubscribe")
+        .env("MPIEXEC", &script)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let args = std::fs::read_to_string(&used).unwrap_or_default();
+    assert!(
+        args.starts_with(&format!("-n {n} ")),
+        "MPIEXEC not used: {args:?}"
+    );
+    assert!(err.contains("OMPI_MCA_rmaps_base_oversubscribe=1"), "{err}");
+    if rustix::process::getuid().is_root() {
+        assert!(err.contains("OMPI_ALLOW_RUN_AS_ROOT=1"), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn sigint_sigterm_and_sighup_end_mpirun_and_every_rank() {
+    use rustix::process::Signal;
+    for (sig, code) in [(Signal::INT, 130), (Signal::TERM, 143), (Signal::HUP, 129)] {
+        a_signal_ends_mpirun_and_every_rank(sig, code);
+    }
+}
+
+fn a_signal_ends_mpirun_and_every_rank(sig: rustix::process::Signal, code: i32) {
     use std::time::{Duration, Instant};
     let mut child = Command::new(env!("CARGO_BIN_EXE_pto"))
         .args([
@@ -215,11 +262,8 @@ fn sigint_ends_mpirun_and_every_rank() {
     };
     std::thread::sleep(Duration::from_millis(200));
     let sent = Instant::now();
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid as i32).unwrap(),
-        rustix::process::Signal::INT,
-    )
-    .unwrap();
+    rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig)
+        .unwrap();
     let status = loop {
         if let Some(st) = child.try_wait().unwrap() {
             break st;
@@ -227,7 +271,7 @@ fn sigint_ends_mpirun_and_every_rank() {
         assert!(sent.elapsed() < Duration::from_secs(10), "pto did not end");
         std::thread::sleep(Duration::from_millis(10));
     };
-    assert_eq!(status.code(), Some(130));
+    assert_eq!(status.code(), Some(code), "{sig:?}");
     let alive = |p: u32| {
         std::fs::read_to_string(format!("/proc/{p}/stat"))
             .map(|s| !s.rsplit(')').next().unwrap_or("").trim().starts_with('Z'))
@@ -238,11 +282,11 @@ fn sigint_ends_mpirun_and_every_rank() {
     {
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(!alive(launcher), "mpirun still runs 2 s after SIGINT");
+    assert!(!alive(launcher), "mpirun still runs 2 s after {sig:?}");
     let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
     assert!(
         left.is_empty(),
-        "ranks still run 2 s after SIGINT: {left:?}"
+        "ranks still run 2 s after {sig:?}: {left:?}"
     );
 }
 

@@ -179,13 +179,18 @@ impl World {
 
     /// The wait-for graph across the world's ranks, in words: what each rank waits on (or
     /// that it runs, left or failed), and whether every live rank is waiting (a deadlock).
+    /// Ranks in the same state are named together (`ranks 2-9, 12 wait in a barrier of 16
+    /// ranks (since 3-20 ms)`), so that the graph of a thousand ranks stays a few lines.
     pub(crate) fn wait_for_graph(&self) -> String {
         let now = pto_shm::process::monotonic_ns() / 1_000_000;
-        let mut parts = Vec::new();
+        // (state in words, the ranks in it, the youngest and oldest wait in ms)
+        type Group = (String, Vec<usize>, Option<(u64, u64)>);
+        let mut groups: Vec<Group> = Vec::new();
         let mut live = 0;
         let mut waiting = 0;
         for r in 0..self.size {
             let state = self.slot(r).1.load(Ordering::Acquire);
+            let mut age = None;
             let text = match (state, self.waiting(r)) {
                 (EXITED, _) => "has left".to_string(),
                 (FAILED, _) => "failed".to_string(),
@@ -194,17 +199,17 @@ impl World {
                 (_, Some((w, since))) => {
                     live += 1;
                     waiting += 1;
-                    let age = now.saturating_sub(since);
+                    age = Some(now.saturating_sub(since));
                     match w {
                         Waiting::Signal {
                             window,
                             offset,
                             value,
                         } => format!(
-                            "waits on its signal at offset {offset} of window #{window} for >= {value} ({age} ms)"
+                            "waits on its signal at offset {offset} of window #{window} for >= {value}"
                         ),
                         Waiting::Barrier { members } => {
-                            format!("waits in a barrier of {members} ranks ({age} ms)")
+                            format!("waits in a barrier of {members} ranks")
                         }
                     }
                 }
@@ -213,8 +218,31 @@ impl World {
                     "is running (not in a wait)".to_string()
                 }
             };
-            parts.push(format!("rank {r} {text}"));
+            match groups.iter_mut().find(|g| g.0 == text) {
+                Some(g) => {
+                    g.1.push(r);
+                    if let (Some(a), Some((lo, hi))) = (age, &mut g.2) {
+                        *lo = (*lo).min(a);
+                        *hi = (*hi).max(a);
+                    }
+                }
+                None => groups.push((text, vec![r], age.map(|a| (a, a)))),
+            }
         }
+        let parts: Vec<String> = groups
+            .into_iter()
+            .map(|(text, ranks, age)| {
+                let age = match age {
+                    Some((lo, hi)) if lo == hi => format!(" ({lo} ms)"),
+                    Some((lo, hi)) => format!(" ({lo}-{hi} ms)"),
+                    None => String::new(),
+                };
+                match ranks.as_slice() {
+                    [r] => format!("rank {r} {text}{age}"),
+                    _ => format!("ranks {}: {text}{age}", rank_ranges(&ranks)),
+                }
+            })
+            .collect();
         let verdict = if live > 0 && waiting == live {
             "; every live rank is waiting: a deadlock (or a notify nobody makes)"
         } else {
@@ -566,4 +594,33 @@ pub(crate) fn open_world(
         timeout,
         probe: std::sync::atomic::AtomicUsize::new(0),
     })
+}
+
+/// `[0, 1, 2, 5, 7, 8]` as `0-2, 5, 7-8`.
+fn rank_ranges(ranks: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            ranks[i].to_string()
+        } else {
+            format!("{}-{}", ranks[i], ranks[j])
+        });
+        i = j + 1;
+    }
+    out.join(", ")
+}
+
+#[cfg(test)]
+mod rank_range_tests {
+    #[test]
+    fn consecutive_ranks_are_written_as_ranges() {
+        assert_eq!(super::rank_ranges(&[0, 1, 2, 5, 7, 8]), "0-2, 5, 7-8");
+        assert_eq!(super::rank_ranges(&[3]), "3");
+        assert_eq!(super::rank_ranges(&[]), "");
+    }
 }

@@ -155,11 +155,17 @@ impl RunFailure {
 
 impl fmt::Display for RunFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The root cause, then the first consequences in time; the rest counted (every one
+        // is in `others`, and in `pto run --json`'s per-rank list).
+        const SHOWN: usize = 8;
         write!(f, "{}", self.root)?;
         if !self.others.is_empty() {
             write!(f, "; then")?;
-            for (i, o) in self.others.iter().enumerate() {
+            for (i, o) in self.others.iter().take(SHOWN).enumerate() {
                 write!(f, "{} {o}", if i == 0 { "" } else { ";" })?;
+            }
+            if self.others.len() > SHOWN {
+                write!(f, "; and {} more", self.others.len() - SHOWN)?;
             }
         }
         Ok(())

@@ -40,6 +40,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn execute(a: &RunArgs, rep: &Reporter) -> anyhow::Result<Flow> {
+    check_output_paths(a)?;
     if let Some(path) = &a.plugin {
         return execute_plugin(a, rep, path);
     }
@@ -169,6 +170,30 @@ fn with_progress<T>(a: &RunArgs, rep: &Reporter, name: &str, f: impl FnOnce() ->
     r
 }
 
+/// `--trace` and `--dag` are refused before the run when their folder does not exist (not
+/// after a long run has been done for nothing).
+fn check_output_paths(a: &RunArgs) -> anyhow::Result<()> {
+    for (flag, path) in [("--trace", &a.trace), ("--dag", &a.dag)] {
+        let Some(path) = path else { continue };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        if !dir.is_dir() {
+            return Err(Usage(format!(
+                "{flag} {}: the folder {} does not exist",
+                path.display(),
+                dir.display()
+            ))
+            .into());
+        }
+        if path.is_dir() {
+            return Err(Usage(format!("{flag} {}: is a folder", path.display())).into());
+        }
+    }
+    Ok(())
+}
+
 /// Writes every chip's trace events as one Chrome trace, and the task graph as Graphviz dot.
 fn write_trace(a: &RunArgs, o: &Outcome) -> anyhow::Result<()> {
     if let Some(path) = &a.trace {
@@ -281,6 +306,24 @@ fn child_json(f: &ChildFailure, chips: usize, root: bool) -> Value {
     })
 }
 
+/// The exit code of a finished run: 0 passed, 1 a wrong result (some rank's part did not match
+/// its golden and none failed), 3 a rank that failed, timed out or failed because of another.
+fn verdict_code(o: &Outcome) -> u8 {
+    let failed = o.ranks.iter().any(|r| {
+        matches!(
+            r.state,
+            RankState::Failed | RankState::Consequence | RankState::TimedOut
+        )
+    });
+    if o.passed {
+        0
+    } else if failed {
+        exit::RUNTIME
+    } else {
+        exit::WRONG_RESULT
+    }
+}
+
 impl Reporter {
     fn head(&self, verdict: &str) -> String {
         format!(
@@ -291,19 +334,7 @@ impl Reporter {
 
     /// Prints a finished run's verdict: 0 on a match, 1 on a mismatch, 3 when a rank failed.
     fn outcome(&self, o: &Outcome) -> ExitCode {
-        let failed = o.ranks.iter().any(|r| {
-            matches!(
-                r.state,
-                RankState::Failed | RankState::Consequence | RankState::TimedOut
-            )
-        });
-        let code = if o.passed {
-            0
-        } else if failed {
-            exit::RUNTIME
-        } else {
-            exit::WRONG_RESULT
-        };
+        let code = verdict_code(o);
         let wall_ms = (o.wall.as_secs_f64() * 1e6).round() / 1e3;
         if self.json {
             let ranks: Vec<Value> = o
@@ -499,5 +530,41 @@ mod mpi {
                 exit::code(exit::of_fault(e.fault()))
             }
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pto_examples::RankStatus;
+
+    fn outcome(passed: bool, states: &[RankState]) -> Outcome {
+        Outcome {
+            passed,
+            detail: String::new(),
+            wall: std::time::Duration::ZERO,
+            tasks: 0,
+            events: Vec::new(),
+            ranks: states
+                .iter()
+                .enumerate()
+                .map(|(rank, &state)| RankStatus {
+                    rank,
+                    state,
+                    detail: String::new(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_mismatch_is_a_wrong_result_and_a_failure_is_a_runtime_failure() {
+        use RankState::*;
+        assert_eq!(verdict_code(&outcome(true, &[Passed, Passed])), 0);
+        assert_eq!(verdict_code(&outcome(false, &[Passed, Mismatch])), 1);
+        assert_eq!(verdict_code(&outcome(false, &[])), 1);
+        assert_eq!(verdict_code(&outcome(false, &[Mismatch, Failed])), 3);
+        assert_eq!(verdict_code(&outcome(false, &[Consequence, Passed])), 3);
+        assert_eq!(verdict_code(&outcome(false, &[TimedOut])), 3);
     }
 }
