@@ -8,8 +8,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use pto_comm::check::{CheckReport, Checker};
-use pto_comm::{BufferSpec, Comm, CommError, SignalOp, Window, WindowSpec};
+use pto_comm::check::{BlockedIn, CheckReport, Checker};
+use pto_comm::{BufferSpec, Collectives, Comm, CommError, ReduceOp, SignalOp, Window, WindowSpec};
 use pto_core::DType;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -205,8 +205,124 @@ fn a_barrier_one_rank_skips_names_the_rank_that_did_not_arrive() {
         Ok(())
     });
     assert!(res[0].is_err() && res[2].is_ok(), "{res:?}");
+    assert!(
+        r.blocked
+            .iter()
+            .all(|b| b.kind == BlockedIn::Join && b.on == vec![2]),
+        "{:?}",
+        r.blocked
+    );
     let text = pto_comm::check::render(&r);
-    assert!(text.contains("not arrived: rank 2"), "{text}");
+    assert!(
+        text.contains("rank 0 waits on the barrier of")
+            && text.contains("(waiting for rank 2 to arrive)"),
+        "{text}"
+    );
+    assert!(!text.contains("last notified"), "{text}");
+}
+
+#[test]
+fn a_collective_one_rank_skips_names_the_blocked_ranks_and_the_one_missing() {
+    let (r, res) = checked(3, Duration::from_millis(400), |c, _| {
+        let co = Collectives::new(c, 64)?;
+        if c.rank() != 2 {
+            let mut x = [1.0f32; 4];
+            co.allreduce(&mut x, ReduceOp::Sum)?;
+        }
+        Ok(())
+    });
+    assert!(
+        res[0].is_err() && res[1].is_err() && res[2].is_ok(),
+        "{res:?}"
+    );
+    // Both ranks that entered are blocked in the allreduce, waiting for rank 2.
+    let ranks: Vec<usize> = r.blocked.iter().map(|b| b.rank).collect();
+    assert_eq!(ranks, vec![0, 1], "{:?}", r.blocked);
+    for b in &r.blocked {
+        assert_eq!(b.kind, BlockedIn::Join, "{b:?}");
+        assert!(b.what.contains("allreduce"), "{b:?}");
+        assert_eq!(b.on, vec![2], "{b:?}");
+    }
+    let text = pto_comm::check::render(&r);
+    for rank in [0, 1] {
+        assert!(
+            text.contains(&format!("rank {rank} waits on the allreduce of")),
+            "{text}"
+        );
+    }
+    assert!(text.contains("(waiting for rank 2 to arrive)"), "{text}");
+
+    // Rank 2 goes on to the communicator's barrier instead: each side waits for the other
+    // until the deadline.
+    let (r, res) = checked(3, Duration::from_millis(400), |c, _| {
+        let co = Collectives::new(c, 64)?;
+        if c.rank() == 2 {
+            return c.barrier();
+        }
+        co.allreduce(&mut [1.0f32; 4], ReduceOp::Sum)
+    });
+    assert!(
+        res.iter()
+            .any(|x| matches!(x, Err(CommError::Timeout { .. }))),
+        "{res:?}"
+    );
+    let text = pto_comm::check::render(&r);
+    assert!(
+        text.contains("rank 0 waits on the allreduce of")
+            && text.contains("rank 2 waits on the barrier of")
+            && text.contains("(waiting for rank 0, 1 to arrive)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("deadlock: rank 0 -> rank 2 wait on each other"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_signal_reused_across_two_collectives_without_an_epoch_is_a_stale_signal_warning() {
+    let body = |raised: bool| {
+        move |c: &Comm, w: &Window| -> Result<(), CommError> {
+            let co = Collectives::new(c, 64)?;
+            for round in 1..=2u32 {
+                if c.rank() == 0 && (round == 1 || raised) {
+                    w.notify(1, off(w, "flag", 0), 1, SignalOp::Add)?;
+                } else if c.rank() == 1 {
+                    // Without raising the value it waits for, round 2's wait passes on round 1's
+                    // notify.
+                    let want = if raised { round } else { 1 };
+                    w.wait_until(off(w, "flag", 0), want)?;
+                }
+                let mut x = [round as f32; 4];
+                co.allreduce(&mut x, ReduceOp::Sum)?;
+            }
+            Ok(())
+        }
+    };
+    let (r, res) = checked(2, T, body(false));
+    assert!(res.iter().all(Result::is_ok), "{res:?}");
+    assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+    let w = &r.warnings[0];
+    assert!(
+        w.contains("rank 1's wait on")
+            && w.contains("`flag[0]`")
+            && w.contains("last notified by rank 0")
+            && w.contains("reused without being reset or raised"),
+        "{w}"
+    );
+    assert!(
+        pto_comm::check::render(&r).contains("warning: rank 1's wait"),
+        "{}",
+        pto_comm::check::render(&r)
+    );
+    let (r, res) = checked(2, T, body(true));
+    assert!(res.iter().all(Result::is_ok), "{res:?}");
+    assert!(
+        r.warnings.is_empty() && r.races.is_empty(),
+        "{:?} {:?}",
+        r.warnings,
+        r.races
+    );
 }
 
 /// Rank 1's chip runs `consume` on its inbox (a window tensor argument); with `gate`, after a
@@ -359,12 +475,9 @@ fn without_the_checker_a_deadline_names_what_every_rank_waits_on() {
     let Err(CommError::Timeout { what, .. }) = &results[0] else {
         panic!("{results:?}");
     };
+    // Ranks in the same wait are named together.
     assert!(
-        what.contains("wait-for graph: rank 0 waits on its signal at offset"),
-        "{what}"
-    );
-    assert!(
-        what.contains("rank 1 waits on its signal at offset"),
+        what.contains("wait-for graph: ranks 0-1: waits on its signal at offset"),
         "{what}"
     );
     assert!(what.contains("rank 2 is running (not in a wait)"), "{what}");

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use pto_comm::check::{render, Access, CheckReport};
+use pto_comm::check::{render, Access, Blocked, BlockedIn, CheckReport};
 use pto_examples::check::Checked;
 use serde_json::{json, Value};
 
@@ -18,14 +18,25 @@ fn access_json(a: &Access) -> Value {
     })
 }
 
+/// A blocked rank: `on_ranks` is the last notifier of a signal wait (`"in": "signal"`), or the
+/// members that have not arrived at a barrier or collective (`"in": "join"`).
+fn blocked_json(b: &Blocked) -> Value {
+    let kind = match b.kind {
+        BlockedIn::Signal => "signal",
+        BlockedIn::Join => "join",
+    };
+    json!({"rank": b.rank, "waits_on": b.what, "in": kind, "on_ranks": b.on})
+}
+
 fn report_json(r: &CheckReport) -> Value {
     json!({
         "races": r.races.iter().map(|x| json!({
             "window": x.window, "first": access_json(&x.first), "second": access_json(&x.second),
             "advice": x.advice, "message": x.to_string(),
         })).collect::<Vec<_>>(),
+        "warnings": r.warnings,
         "accesses": r.accesses, "edges": r.edges,
-        "blocked": r.blocked.iter().map(|b| json!({"rank": b.rank, "waits_on": b.what, "on_ranks": b.on})).collect::<Vec<_>>(),
+        "blocked": r.blocked.iter().map(blocked_json).collect::<Vec<_>>(),
         "cycle": r.cycle,
     })
 }

@@ -38,6 +38,15 @@ impl Join {
 }
 
 impl Join {
+    /// Runs the joining point's body `f` and leaves it; a stall in it (see [`Join::failed`])
+    /// takes the wait-for graph first, while this rank still shows as inside.
+    pub(crate) fn run<R>(
+        self,
+        f: impl FnOnce() -> Result<R, crate::error::CommError>,
+    ) -> Result<R, crate::error::CommError> {
+        f().inspect_err(|e| self.failed(e))
+    }
+
     /// The joining point failed with `e`: a deadline, or a member that left or died, takes
     /// the wait-for graph.
     pub(crate) fn failed(&self, e: &crate::error::CommError) {

@@ -34,7 +34,7 @@ mod report;
 pub(crate) use join::Join;
 use log::{Ev, Sink};
 use report::cycle;
-pub use report::{render, Access, AccessKind, Blocked, CheckReport, Race};
+pub use report::{render, Access, AccessKind, Blocked, BlockedIn, CheckReport, Race};
 
 /// What the checker follows live (ranks that are threads of this process): joining points'
 /// sequence numbers, and who waits on what, for the wait-for graph.
@@ -402,6 +402,7 @@ impl Checker {
             .map(|(r, (what, on))| Blocked {
                 rank: *r,
                 what: what.clone(),
+                kind: BlockedIn::Signal,
                 on: on.clone(),
             })
             .collect();
@@ -417,10 +418,10 @@ impl Checker {
                         .collect()
                 })
                 .unwrap_or_default();
-            let names: Vec<String> = missing.iter().map(|m| format!("rank {m}")).collect();
             b.push(Blocked {
                 rank: *r,
-                what: format!("the {key} (not arrived: {})", names.join(", ")),
+                what: format!("the {key}"),
+                kind: BlockedIn::Join,
                 on: missing,
             });
         }

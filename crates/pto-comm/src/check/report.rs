@@ -93,6 +93,16 @@ impl std::fmt::Display for Race {
     }
 }
 
+/// What a blocked rank waits in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockedIn {
+    /// A wait on a signal: [`Blocked::on`] is its last notifier (empty when nobody notified
+    /// it yet).
+    Signal,
+    /// A barrier or a collective: [`Blocked::on`] is the members that have not arrived.
+    Join,
+}
+
 /// A rank blocked in a wait when a deadline passed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Blocked {
@@ -100,8 +110,28 @@ pub struct Blocked {
     pub rank: usize,
     /// What it waits on, in words.
     pub what: String,
-    /// The ranks it waits for (empty when unknown).
+    /// A signal wait or a joining point; says what [`Blocked::on`] holds.
+    pub kind: BlockedIn,
+    /// The ranks it waits for: for a signal wait, the rank that last notified the signal (at
+    /// most one; empty when nobody did); for a barrier or collective, the members that have
+    /// not arrived.
     pub on: Vec<usize>,
+}
+
+impl Blocked {
+    /// The edge's words: `last notified by rank 1`, `waiting for rank 2, 3 to arrive`.
+    fn edge(&self) -> Option<String> {
+        let names = || {
+            let v: Vec<String> = self.on.iter().map(usize::to_string).collect();
+            v.join(", ")
+        };
+        match (self.kind, self.on.is_empty()) {
+            (BlockedIn::Signal, true) => Some("nobody notified it yet".into()),
+            (BlockedIn::Signal, false) => Some(format!("last notified by rank {}", names())),
+            (BlockedIn::Join, true) => None,
+            (BlockedIn::Join, false) => Some(format!("waiting for rank {} to arrive", names())),
+        }
+    }
 }
 
 /// What a checked run found.
@@ -151,11 +181,11 @@ pub fn render(r: &CheckReport) -> String {
         writeln!(s, "warning: {w}").ok();
     }
     if !r.blocked.is_empty() {
-        s.push_str("wait-for graph when a deadline passed:\n");
+        s.push_str("wait-for graph when a wait stalled (a deadline passed or a peer left):\n");
         for b in &r.blocked {
             write!(s, "  rank {} waits on {}", b.rank, b.what).ok();
-            if !b.on.is_empty() {
-                write!(s, " (last notified by rank {})", b.on[0]).ok();
+            if let Some(edge) = b.edge() {
+                write!(s, " ({edge})").ok();
             }
             s.push('\n');
         }

@@ -38,7 +38,16 @@ impl Collectives {
         op: ReduceOp,
         algo: Algorithm,
     ) -> Result<(), CommError> {
-        let _join = crate::check::Join::collective(self.comm(), "allreduce_with");
+        crate::check::Join::collective(self.comm(), "allreduce")
+            .run(|| self.allreduce_with_in::<T>(data, op, algo))
+    }
+
+    fn allreduce_with_in<T: Reducible>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+        algo: Algorithm,
+    ) -> Result<(), CommError> {
         let on_library_by_choice = algo == Algorithm::Auto
             && library_reduces(T::DTYPE)
             && LIBRARY_ALLREDUCE_BYTES.contains(&std::mem::size_of_val(data));
@@ -433,7 +442,17 @@ impl Collectives {
         count: usize,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        let _join = crate::check::Join::collective(self.comm(), "allreduce_window");
+        crate::check::Join::collective(self.comm(), "allreduce_window")
+            .run(|| self.allreduce_window_in::<T>(w, offset, count, op))
+    }
+
+    fn allreduce_window_in<T: Reducible>(
+        &self,
+        w: &Window,
+        offset: usize,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
         let (me, n) = (self.me(), self.n());
         let size = std::mem::size_of::<T>();
         if w.ranks() != n || w.rank() != me {

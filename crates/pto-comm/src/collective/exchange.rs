@@ -13,7 +13,11 @@ impl Collectives {
     ///
     /// `out` is not `size × mine.len()` long, or a communication error.
     pub fn allgather<T: bytemuck::Pod>(&self, mine: &[T], out: &mut [T]) -> Result<(), CommError> {
-        let _join = crate::check::Join::collective(self.comm(), "allgather");
+        crate::check::Join::collective(self.comm(), "allgather")
+            .run(|| self.allgather_in::<T>(mine, out))
+    }
+
+    fn allgather_in<T: bytemuck::Pod>(&self, mine: &[T], out: &mut [T]) -> Result<(), CommError> {
         let (n, k) = (self.n(), mine.len());
         if out.len() != n * k {
             return Err(CommError::BadBuffer {
@@ -56,7 +60,15 @@ impl Collectives {
         data: &[T],
         op: ReduceOp,
     ) -> Result<Vec<T>, CommError> {
-        let _join = crate::check::Join::collective(self.comm(), "reduce_scatter");
+        crate::check::Join::collective(self.comm(), "reduce_scatter")
+            .run(|| self.reduce_scatter_in::<T>(data, op))
+    }
+
+    fn reduce_scatter_in<T: Reducible>(
+        &self,
+        data: &[T],
+        op: ReduceOp,
+    ) -> Result<Vec<T>, CommError> {
         let (me, n) = (self.me(), self.n());
         let mine = block_range(data.len(), me as u32, n as u32);
         if self.w.library().is_some() {
@@ -105,7 +117,11 @@ impl Collectives {
         data: &mut [T],
         root: usize,
     ) -> Result<(), CommError> {
-        let _join = crate::check::Join::collective(self.comm(), "broadcast");
+        crate::check::Join::collective(self.comm(), "broadcast")
+            .run(|| self.broadcast_in::<T>(data, root))
+    }
+
+    fn broadcast_in<T: bytemuck::Pod>(&self, data: &mut [T], root: usize) -> Result<(), CommError> {
         if root >= self.n() {
             return Err(CommError::BadRank {
                 rank: root,
@@ -149,7 +165,11 @@ impl Collectives {
         send: &[T],
         recv: &mut [T],
     ) -> Result<(), CommError> {
-        let _join = crate::check::Join::collective(self.comm(), "all_to_all");
+        crate::check::Join::collective(self.comm(), "all_to_all")
+            .run(|| self.all_to_all_in::<T>(send, recv))
+    }
+
+    fn all_to_all_in<T: bytemuck::Pod>(&self, send: &[T], recv: &mut [T]) -> Result<(), CommError> {
         let n = self.n();
         if !send.len().is_multiple_of(n) || recv.len() != send.len() {
             return Err(CommError::BadBuffer {

@@ -329,7 +329,10 @@ impl Collectives {
     ///
     /// A communication error.
     pub fn barrier(&self) -> Result<(), CommError> {
-        let _join = crate::check::Join::collective(self.comm(), "barrier");
+        crate::check::Join::collective(self.comm(), "barrier").run(|| self.barrier_in())
+    }
+
+    fn barrier_in(&self) -> Result<(), CommError> {
         if let Some(m) = self.w.library() {
             return m.barrier(self.comm().deadline());
         }
