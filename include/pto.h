@@ -307,19 +307,25 @@ static inline int pto_tensor_view(pto_kernel_ctx *c, uint32_t index, int chunk, 
 }
 static inline int pto_tensor_ptr(pto_kernel_ctx *c, uint32_t index, void **data) {
     pto_view v;
-    int rc = c->api->tensor(c, index, 0, &v);
+    int rc;
+    if (!data) return PTO_ERR_ARG;
+    rc = c->api->tensor(c, index, 0, &v);
     if (rc == PTO_OK) *data = v.data;
     return rc;
 }
 static inline int pto_tensor_count(pto_kernel_ctx *c, uint32_t index, uint64_t *count) {
     pto_view v;
-    int rc = c->api->tensor(c, index, 0, &v);
+    int rc;
+    if (!count) return PTO_ERR_ARG;
+    rc = c->api->tensor(c, index, 0, &v);
     if (rc == PTO_OK) *count = v.count;
     return rc;
 }
 static inline int pto_tensor_dtype(pto_kernel_ctx *c, uint32_t index, pto_dtype *dtype) {
     pto_view v;
-    int rc = c->api->tensor(c, index, 0, &v);
+    int rc;
+    if (!dtype) return PTO_ERR_ARG;
+    rc = c->api->tensor(c, index, 0, &v);
     if (rc == PTO_OK) *dtype = (pto_dtype)v.dtype;
     return rc;
 }
@@ -328,7 +334,9 @@ static inline int pto_tensor_shape(pto_kernel_ctx *c, uint32_t index, uint32_t *
                                    uint64_t *shape) {
     pto_view v;
     uint32_t i;
-    int rc = c->api->tensor(c, index, 0, &v);
+    int rc;
+    if (!ndim || !shape) return PTO_ERR_ARG;
+    rc = c->api->tensor(c, index, 0, &v);
     if (rc != PTO_OK) return rc;
     *ndim = v.ndim;
     for (i = 0; i < v.ndim; i++) shape[i] = v.shape[i];
@@ -411,6 +419,13 @@ static inline const char *pto_strerror(int code) {
     default: return "internal error";
     }
 }
+
+/* ---- what a plugin exports ----------------------------------------------------------------
+ * Declared here, inside the header's extern "C", so that a plugin written in C++ exports them
+ * with their C names (and visible) without writing extern "C" itself. */
+PTO_EXPORT int pto_plugin_register(pto_registry *reg);
+PTO_EXPORT uint32_t pto_plugin_abi_version(void);
+PTO_EXPORT void pto_plugin_teardown(void);
 
 #ifdef __cplusplus
 }

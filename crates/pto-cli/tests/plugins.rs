@@ -1,7 +1,8 @@
 //! C plugins through the command line, built with `cc` against `pto include-dir` as a user
 //! builds them: the example ring program on 1, 2, 4 and 8 ranks of the shm and local backends
-//! (the MPI backend: `tests/mpi.rs`), every kind of bad plugin refused by name, and kernels
-//! and programs that fail in each way a user's can.
+//! (the MPI backend: `tests/mpi.rs`), every kind of bad plugin refused by name, kernels and
+//! programs that fail in each way a user's can, every call of the header checked in a kernel,
+//! `pto_plugin_teardown` (which process calls it), and a plugin written in C++.
 
 // Test helpers unwrap: a failure there is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -225,4 +226,165 @@ fn pto_check_passes_the_examples_on_threads_and_processes() {
     let o = in_private_shm("\"$PTO\" check deferred_notify --ranks 2 --backend mpi");
     assert_eq!(o.code, Some(2), "{}\n{}", o.out, o.err);
     assert!(o.err.contains("--backend local or shm"), "{}", o.err);
+}
+
+#[test]
+fn every_call_of_the_header_checks_out_on_1_2_and_4_ranks_of_shm_and_local() {
+    // `calls` uses pto_barrier, pto_orch_rank/nranks, pto_tensor_count/dtype/shape,
+    // pto_scalar_f32/i32/u32/u64, pto_arg_no_dep, the f32/i32/u32/u64 scalar arguments, and
+    // an AIC and a MIX kernel; its kernels check every result (pto_fail on a mismatch) and the
+    // program checks what they wrote.
+    let p = build_plugin("crates/pto-cli/tests/plugins/cases.c", &[]);
+    for backend in ["shm", "local"] {
+        for n in [1, 2, 4] {
+            let o = run(
+                &p.path,
+                &format!("calls --ranks {n} --backend {backend} --json"),
+            );
+            assert_eq!(o.code, Some(0), "calls {backend} {n}: {}\n{}", o.out, o.err);
+            let v: serde_json::Value = serde_json::from_str(o.out.trim()).unwrap();
+            assert_eq!(v["passed"], true, "{}", o.out);
+            assert_eq!(v["ranks"], n);
+        }
+    }
+    // The AIC and MIX kernels need their cores: without AIC cores, submitting fails by name.
+    let o = run(&p.path, "calls --ranks 2 --backend local --aic 0");
+    assert_eq!(o.code, Some(3), "{}\n{}", o.out, o.err);
+    assert!(
+        o.out.contains("\"calls_aic\" needs a") && o.out.contains("AIC core"),
+        "{}",
+        o.out
+    );
+}
+
+/// The marker files `teardown.c` left in `dir`: (kind, pid, lines) sorted.
+fn markers(dir: &std::path::Path) -> Vec<(String, u32, usize)> {
+    let mut m: Vec<(String, u32, usize)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let name = e.file_name().into_string().unwrap();
+            let (kind, pid) = name.split_once('.').unwrap();
+            let lines = std::fs::read_to_string(e.path()).unwrap().lines().count();
+            (kind.to_string(), pid.parse().unwrap(), lines)
+        })
+        .collect();
+    m.sort();
+    m
+}
+
+#[test]
+fn teardown_runs_once_in_the_process_that_loaded_the_plugin_not_in_the_chips() {
+    let p = build_plugin("crates/pto-cli/tests/plugins/teardown.c", &[]);
+    let dir = p.path.with_file_name("markers");
+    for backend in ["local", "shm"] {
+        // A passing run and a failing one (exit 3) alike.
+        for (program, code) in [("touch", 0), ("touch_fails", 3)] {
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            // `exec`: the shell's pid is pto's.
+            let o = in_private_shm(&format!(
+                "echo \"pid $$\"; export PTO_TEST_MARKER_DIR='{}' PTO_WAIT_TIMEOUT_MS=20000; \
+                 exec \"$PTO\" run --plugin '{}' {program} --ranks 3 --backend {backend}",
+                dir.display(),
+                p.path.display()
+            ));
+            assert_eq!(
+                o.code,
+                Some(code),
+                "{program} {backend}: {}\n{}",
+                o.out,
+                o.err
+            );
+            let pto: u32 = o
+                .out
+                .lines()
+                .find_map(|l| l.strip_prefix("pid "))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let m = markers(&dir);
+            let teardowns: Vec<_> = m.iter().filter(|x| x.0 == "teardown").collect();
+            let kernels: Vec<u32> = m.iter().filter(|x| x.0 == "kernel").map(|x| x.1).collect();
+            // Once, by the pto process, after its run.
+            assert_eq!(
+                teardowns,
+                [&("teardown".to_string(), pto, 1)],
+                "{program} {backend}: {m:?} (pto is {pto})"
+            );
+            if backend == "local" {
+                // Threads: every rank's kernel ran in the pto process.
+                assert_eq!(kernels, [pto], "{m:?}");
+            } else {
+                // Processes: each chip ran its rank's kernel and exited without a teardown
+                // (when a run fails, a chip may be stopped before its kernel ran).
+                let ran = kernels.len();
+                assert!(ran == 3 || (code != 0 && ran >= 1), "{m:?}");
+                assert!(!kernels.contains(&pto), "{m:?} (pto is {pto})");
+            }
+        }
+    }
+    // `pto list` loads the plugin too, and unloads it: one teardown, no kernel.
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = in_private_shm(&format!(
+        "PTO_TEST_MARKER_DIR='{}' \"$PTO\" list --plugin '{}'",
+        dir.display(),
+        p.path.display()
+    ));
+    assert_eq!(o.code, Some(0), "{}", o.err);
+    let m = markers(&dir);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!((m[0].0.as_str(), m[0].2), ("teardown", 1), "{m:?}");
+}
+
+/// A folder removed when it drops.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_plugin_written_in_cpp_builds_with_cxx_and_runs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let inc = std::process::Command::new(env!("CARGO_BIN_EXE_pto"))
+        .arg("include-dir")
+        .output()
+        .unwrap();
+    assert!(inc.status.success());
+    let inc = String::from_utf8(inc.stdout).unwrap().trim().to_string();
+    let dir = TempDir(std::env::temp_dir().join(format!("pto-plugin-cpp-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let lib = dir.0.join("libhello.so");
+    let out = std::process::Command::new("c++")
+        .args([
+            "-std=c++11",
+            "-Wall",
+            "-Wextra",
+            "-pedantic",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+        ])
+        .arg(format!("-I{inc}"))
+        .arg(root.join("crates/pto-cli/tests/plugins/hello.cpp"))
+        .arg("-o")
+        .arg(&lib)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "c++ hello.cpp: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for backend in ["local", "shm"] {
+        let o = run(&lib, &format!("hello --ranks 2 --backend {backend} --json"));
+        assert_eq!(o.code, Some(0), "{backend}: {}\n{}", o.out, o.err);
+        let v: serde_json::Value = serde_json::from_str(o.out.trim()).unwrap();
+        assert_eq!(v["passed"], true, "{}", o.out);
+    }
 }

@@ -254,6 +254,9 @@ impl<'c, 'k> KernelCall<'c, 'k> {
         let last = self
             .last
             .into_inner()
+            // Only a failed call that gave the code returned explains it (an earlier call may
+            // have failed on purpose).
+            .filter(|e| e.code == rc)
             .map(|e| format!(": last failed call: {}", e.msg))
             .unwrap_or_default();
         Err(KernelError::msg(format!(
@@ -474,6 +477,9 @@ impl<'o, 'a> ProgramCall<'o, 'a> {
         let last = self
             .last
             .into_inner()
+            // Only a failed call that gave the code returned explains it (an earlier call may
+            // have failed on purpose).
+            .filter(|e| e.code == rc)
             .map(|e| format!(": last failed call: {}", e.msg))
             .unwrap_or_default();
         Err(OrchError::msg(format!(
