@@ -361,7 +361,8 @@ static inline int pto_scalar_u64(pto_kernel_ctx *c, uint32_t index, uint64_t *v)
 static inline int pto_scalar_u32(pto_kernel_ctx *c, uint32_t index, uint32_t *v) {
     return c->api->scalar(c, index, PTO_U32, v);
 }
-/* This rank's part of a declared buffer (`bytes` may be NULL). */
+/* This rank's part of a declared buffer (`bytes` may be NULL). Under `pto check` taking it counts
+ * as a write of the whole buffer by the task, between this call and the kernel's end. */
 static inline int pto_window_ptr(pto_kernel_ctx *c, const char *buffer, void **ptr,
                                  uint64_t *bytes) {
     return c->api->window_ptr(c, buffer, ptr, bytes);

@@ -133,7 +133,8 @@ def kernel(
             y[:] = factor * x
 
     ``ctx`` (a :class:`KernelContext`) gives ``rank``, ``size``, ``block_idx``, ``block_num``,
-    ``window(name)`` (a numpy view of this rank's part of a window buffer) and the one-sided
+    ``window(name)`` (a numpy view of this rank's part of a window buffer; with ``check=True``
+    taking it counts as a write of the whole buffer by the task) and the one-sided
     operations ``put(rank, buffer, offset_bytes, array)``, ``get(rank, buffer, offset_bytes,
     out)``, ``notify(rank, buffer, offset_bytes, value)``, ``wait_until(buffer, offset_bytes,
     value)`` and ``barrier()``. The arrays are zero-copy views of the task's tensors (read-only

@@ -199,7 +199,7 @@ def test_check_true_finds_the_race_between_python_kernels_and_not_in_the_fixed_o
         w.run(lambda h, _: [h.submit_chip(c, "put_then_wait", [pto.OUT(out[c])]) for c in range(2)])
         r = w.check_report()
         assert r["races"] == [] and r["accesses"] > 0, r
-    # A window view read (ctx.window) is not recorded; a get is: read own inbox before waiting.
+    # A get of its own inbox before the wait (window views: the next test).
     @pto.kernel(name="racy_get")
     def racy_get(ctx, out):
         r, n = ctx.rank, ctx.size
@@ -219,3 +219,37 @@ def test_check_true_finds_the_race_between_python_kernels_and_not_in_the_fixed_o
     with pytest.raises(ValueError, match="without check=True"):
         with pto.Worker() as w:
             w.check_report()
+
+
+@pto.kernel(name="view_then_get")
+def view_then_get(ctx, out, ordered):
+    """Rank 0 writes its ``box`` through ``ctx.window``; rank 1 gets it (after a notify -> wait
+    when ``ordered``)."""
+    got = np.zeros(4, dtype=np.float32)
+    if ctx.rank == 0:
+        ctx.window("box")[:] = np.arange(4, dtype=np.float32)
+        if ordered:
+            ctx.notify(1, "flag", 0, 1)
+    elif ctx.rank == 1:
+        if ordered:
+            ctx.wait_until("flag", 0, 1)
+        ctx.get(0, "box", 0, got)
+        assert not ordered or (got == np.arange(4)).all(), got
+    out[:] = got
+
+
+def test_check_true_records_a_window_view_as_a_write_of_the_whole_buffer_by_its_task():
+    buffers = [("box", "float32", 4), ("flag", "uint32", 1)]
+    for ordered in (0, 1):
+        with pto.Worker(chips=2, cores=(1, 2), buffers=buffers, kernels=[view_then_get], check=True) as w:
+            out = w.buffer((2, 4))
+            w.run(lambda h, _: [h.submit_chip(c, "view_then_get", [pto.OUT(out[c]), ordered]) for c in range(2)])
+            r = w.check_report()
+        if ordered:
+            assert r["races"] == [], r
+            continue
+        assert len(r["races"]) == 1, r
+        race = r["races"][0]
+        assert "rank 0 writes `box[0..16)` (window view in task" in race, race
+        assert "rank 1 reads `box[0..16)` of rank 0 (get in task" in race, race
+        assert "`view_then_get`" in race, race

@@ -353,10 +353,9 @@ impl<'c, 'k> KernelCall<'c, 'k> {
 
     /// This rank's part of `buffer`: its address and size.
     pub(crate) fn window_ptr(&self, buffer: &str) -> ApiResult<(*mut u8, u64)> {
-        let (w, off) = span(self.window(), buffer, 0, 0)?;
-        let b = w.buffer(buffer)?;
-        let base = w.peer_ptr(w.rank())?;
-        Ok((base.wrapping_add(off), b.bytes as u64))
+        let (w, _) = span(self.window(), buffer, 0, 0)?;
+        let (p, bytes) = w.buffer_ptr(buffer, "window pointer")?;
+        Ok((p, bytes as u64))
     }
 
     pub(crate) fn put(&self, rank: u32, buffer: &str, offset: u64, src: &[u8]) -> ApiResult<()> {

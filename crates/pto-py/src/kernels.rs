@@ -73,12 +73,23 @@ pub(crate) fn buffer_view<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let b = w.buffer(name).map_err(comm_err)?;
     let base = w.peer_ptr(rank).map_err(comm_err)?;
+    view_at(py, w, base as usize + b.offset, name)
+}
+
+/// A numpy view of buffer `name` of `w` at address `addr` (some rank's part of it).
+fn view_at<'py>(
+    py: Python<'py>,
+    w: &Window,
+    addr: usize,
+    name: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let b = w.buffer(name).map_err(comm_err)?;
     let size = b.dtype.size();
     asarray(
         py,
         MemView {
             _keep: Keep::Window(w.clone()),
-            addr: base as usize + b.offset,
+            addr,
             shape: vec![b.count],
             strides: vec![size],
             typestr: view_typestr(b.dtype)?,
@@ -161,10 +172,13 @@ impl KernelContext {
         self.block_num
     }
 
-    /// A numpy view (no copy) of this rank's part of window buffer `name`, in its dtype.
+    /// A numpy view (no copy) of this rank's part of window buffer `name`, in its dtype. Under
+    /// `check=True` taking it counts as a write of the whole buffer by the task.
     fn window<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
         let w = self.win()?;
-        buffer_view(py, w, w.rank(), name)
+        // Recorded by `pto check` as a write of the whole buffer by this task.
+        let (p, _) = w.buffer_ptr(name, "window view").map_err(comm_err)?;
+        view_at(py, w, p as usize, name)
     }
 
     /// Copies `array`'s bytes into rank `rank`'s window buffer `buffer` at `offset_bytes`.

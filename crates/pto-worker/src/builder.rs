@@ -19,6 +19,7 @@ use crate::spec::{ChipCall, ExitHook, NestedFn, NestedInit, Spec, SubCall};
 pub struct WorkerBuilder {
     spec: Spec,
     on_exit: Option<Arc<ExitHook>>,
+    check: bool,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -59,7 +60,23 @@ impl WorkerBuilder {
                 timeout_set: false,
             },
             on_exit: None,
+            check: false,
         }
+    }
+
+    /// Runs the chips under the happens-before checker (`pto check`'s): installed in this
+    /// process before the chips are forked, every chip appends its records to its own file in a
+    /// fresh folder, and [`Worker::check_report`](crate::Worker::check_report) replays them.
+    /// One checked Worker at a time per process (the checker is process-wide); closing the
+    /// Worker removes the checker and its folder. Off by default.
+    pub fn check(mut self, on: bool) -> Self {
+        self.check = on;
+        self
+    }
+
+    /// Whether [`WorkerBuilder::check`] was asked for.
+    pub(crate) fn checking(&self) -> bool {
+        self.check
     }
 
     /// Called (from the Worker's watcher thread) when a child dies while no run is in progress,

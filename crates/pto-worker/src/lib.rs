@@ -78,6 +78,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pto_comm::check::{CheckReport, Checker};
 use pto_comm::shm::ShmWorld;
 use pto_core::{Chip, DType, KernelRegistry, OrchError, Program, RunOptions, RunReport, Tensor};
 
@@ -109,6 +110,7 @@ pub struct Worker {
     init_time: Duration,
     closed: bool,
     watcher: Option<std::thread::JoinHandle<()>>,
+    check: Option<CheckFiles>,
 }
 
 impl fmt::Debug for Worker {
@@ -161,7 +163,14 @@ impl WorkerBuilder {
     /// Bad sizes, a process that already has threads, a chip whose bring-up failed (named,
     /// with its message: every child is then reaped and no segment is left), or a timeout.
     pub fn init(self) -> Result<Worker, WorkerError> {
+        let checking = self.checking();
         let (spec, on_exit) = self.checked()?;
+        // The checker goes in before the fork: every chip inherits it.
+        let check = if checking {
+            Some(CheckFiles::install(spec.chips)?)
+        } else {
+            None
+        };
         let up = supervise::start(&spec)?;
         let total = up.children.len();
         let deaths = up.world.as_ref().map(ShmWorld::supervise);
@@ -193,7 +202,45 @@ impl WorkerBuilder {
             init_time: up.t0.elapsed(),
             closed: false,
             watcher: Some(watcher),
+            check,
         })
+    }
+}
+
+/// The checker of a Worker built with [`WorkerBuilder::check`], and the folder of its chips'
+/// records: the checker is removed, and the folder with it, when dropped (in the process that
+/// installed them; a failed `init` drops it too).
+struct CheckFiles {
+    checker: Arc<Checker>,
+    dir: std::path::PathBuf,
+    pid: u32,
+}
+
+impl CheckFiles {
+    fn install(chips: usize) -> Result<CheckFiles, WorkerError> {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let pid = std::process::id();
+        let dir = std::env::temp_dir().join(format!(
+            "pto-check-worker-{pid}-{}",
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            WorkerError::Args(format!("check: cannot create {}: {e}", dir.display()))
+        })?;
+        Ok(CheckFiles {
+            checker: Checker::install_files(chips, None, dir.clone()),
+            dir,
+            pid,
+        })
+    }
+}
+
+impl Drop for CheckFiles {
+    fn drop(&mut self) {
+        if std::process::id() == self.pid {
+            Checker::uninstall();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -227,6 +274,12 @@ impl Worker {
     /// What chip `i` reported at bring-up.
     pub fn chip_facts(&self, i: usize) -> Option<&ChipFacts> {
         self.facts.get(i)
+    }
+
+    /// With [`WorkerBuilder::check`]: what the checker found in the runs so far (the races
+    /// between the chips' window accesses, stale signals); `None` without it.
+    pub fn check_report(&self) -> Option<CheckReport> {
+        self.check.as_ref().map(|c| c.checker.report())
     }
 
     /// Time `init` took, from the first fork to every chip up.
@@ -410,6 +463,7 @@ impl Worker {
         }
         reap_all(&self.state.children, Duration::from_secs(1));
         self.world.take();
+        self.check.take();
     }
 }
 

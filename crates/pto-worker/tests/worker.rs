@@ -461,6 +461,85 @@ fn host_staging_loads_and_stores_window_buffers() -> Result<(), Failed> {
     no_residue()
 }
 
+/// Rank 0 puts into rank 1's `data` (and notifies its `flag` when `ordered`); rank 1 reads its
+/// `data` (after waiting on its `flag` when `ordered`).
+fn exchange(ctx: &pto_core::KernelCtx<'_>, ordered: bool) -> Result<(), KernelError> {
+    let e = |e: pto_comm::CommError| KernelError::msg(e.to_string());
+    let c = ctx
+        .ext::<CommContext>()
+        .ok_or_else(|| KernelError::msg("no comm"))?;
+    let w = c.window(0).map_err(e)?;
+    let (data, flag) = (
+        w.buffer("data").map_err(e)?.offset,
+        w.buffer("flag").map_err(e)?.offset,
+    );
+    if w.rank() == 0 {
+        w.put_slice(1, data, &[1.0f32; 4]).map_err(e)?;
+        if ordered {
+            w.notify(1, flag, 1, SignalOp::Add).map_err(e)?;
+        }
+    } else if w.rank() == 1 {
+        if ordered {
+            w.wait_until(flag, 1).map_err(e)?;
+        }
+        w.get_vec::<f32>(1, data, 4).map_err(e)?;
+    }
+    Ok(())
+}
+
+fn checked_builder(check: bool) -> WorkerBuilder {
+    let mut k = KernelRegistry::new();
+    k.register("racy", CoreKind::Aiv, |ctx| exchange(ctx, false))
+        .unwrap();
+    k.register("ordered", CoreKind::Aiv, |ctx| exchange(ctx, true))
+        .unwrap();
+    let mut b = Worker::builder()
+        .chips(2)
+        .cores(1, 1)
+        .check(check)
+        .timeout(Duration::from_secs(20))
+        .window(WindowSpec::for_buffers(vec![
+            BufferSpec::new("data", DType::F32, 4),
+            BufferSpec::new("flag", DType::U32, 1),
+        ]));
+    for p in ["racy", "ordered"] {
+        b = b.program(p, k.clone(), move |o, _| {
+            o.submit(p, TaskArgs::new()).map(|_| ())
+        });
+    }
+    b
+}
+
+fn check_true_reports_the_race_between_chips_and_none_in_the_ordered_twin() -> Result<(), Failed> {
+    for (program, races) in [("racy", 1), ("ordered", 0)] {
+        let w = checked_builder(true).init()?;
+        w.run(|h| {
+            for c in 0..2 {
+                h.submit_chip(c, program, TaskArgs::new())?;
+            }
+            Ok(())
+        })?;
+        let r = w.check_report().ok_or("no check report with check(true)")?;
+        assert_eq!(r.races.len(), races, "{program}: {:?}", r.races);
+        assert!(r.accesses >= 2, "{program}: {} accesses", r.accesses);
+        if races == 1 {
+            let text = r.races[0].to_string();
+            assert!(
+                text.contains("rank 0 writes `data[0..16)` of rank 1 (put in task")
+                    && text.contains("rank 1 reads `data[0..16)` (get in task")
+                    && text.contains("`racy`"),
+                "{text}"
+            );
+        }
+        w.close();
+    }
+    // Off by default: no report.
+    let w = checked_builder(false).init()?;
+    assert!(w.check_report().is_none());
+    w.close();
+    no_residue()
+}
+
 /// Run as a child process: makes a Worker, prints its children's pids, and waits to be killed.
 fn parent_role() {
     let w = builder(2).init().unwrap();
@@ -643,6 +722,10 @@ fn main() {
         Trial::test(
             "a_worker_can_have_workers_as_children",
             a_worker_can_have_workers_as_children,
+        ),
+        Trial::test(
+            "check_true_reports_the_race_between_chips_and_none_in_the_ordered_twin",
+            check_true_reports_the_race_between_chips_and_none_in_the_ordered_twin,
         ),
         Trial::test(
             "host_staging_loads_and_stores_window_buffers",

@@ -54,6 +54,22 @@ pub(crate) enum Ev {
         task: u64,
         kernel: String,
     },
+    /// A raw pointer or view of bytes `[off, off + len)` of `target`'s part of `window` that a
+    /// kernel took when `token` was stamped (an [`Ev::Start`]), recorded as the kernel ended:
+    /// touched somewhere between the two.
+    Span {
+        ts: u64,
+        rank: usize,
+        token: u64,
+        window: String,
+        target: usize,
+        off: usize,
+        len: usize,
+        kind: AccessKind,
+        op: String,
+        task: u64,
+        kernel: String,
+    },
     /// A release on a word (notify, atomic add).
     Release { ts: u64, rank: usize, key: String },
     /// An acquire of a word (load, atomic add).
@@ -90,6 +106,7 @@ impl Ev {
             Ev::Access { ts, .. }
             | Ev::Start { ts, .. }
             | Ev::Arg { ts, .. }
+            | Ev::Span { ts, .. }
             | Ev::Release { ts, .. }
             | Ev::Acquire { ts, .. }
             | Ev::Wait { ts, .. }
@@ -178,6 +195,25 @@ pub(crate) fn encode(e: &Ev) -> String {
             kind_code(*kind),
             clean(kernel)
         ),
+        Ev::Span {
+            ts,
+            rank,
+            token,
+            window,
+            target,
+            off,
+            len,
+            kind,
+            op,
+            task,
+            kernel,
+        } => format!(
+            "P\t{ts}\t{rank}\t{token}\t{}\t{target}\t{off}\t{len}\t{}\t{}\t{task}\t{}",
+            clean(window),
+            kind_code(*kind),
+            clean(op),
+            clean(kernel)
+        ),
         Ev::Release { ts, rank, key } => format!("R\t{ts}\t{rank}\t{}", clean(key)),
         Ev::Acquire { ts, rank, key } => format!("Q\t{ts}\t{rank}\t{}", clean(key)),
         Ev::Wait {
@@ -251,6 +287,19 @@ pub(crate) fn decode(line: &str) -> Option<Ev> {
             kind: kind_of(f.get(8)?)?,
             task: n(9)?,
             kernel: s(10)?,
+        },
+        "P" => Ev::Span {
+            ts: n(1)?,
+            rank: u(2)?,
+            token: n(3)?,
+            window: s(4)?,
+            target: u(5)?,
+            off: u(6)?,
+            len: u(7)?,
+            kind: kind_of(f.get(8)?)?,
+            op: s(9)?,
+            task: n(10)?,
+            kernel: s(11)?,
         },
         "R" => Ev::Release {
             ts: n(1)?,
@@ -395,6 +444,19 @@ mod tests {
                 kind: AccessKind::Read,
                 task: 2,
                 kernel: "consume".into(),
+            },
+            Ev::Span {
+                ts: 8,
+                rank: 1,
+                token: 10,
+                window: "w.1".into(),
+                target: 1,
+                off: 0,
+                len: 64,
+                kind: AccessKind::Write,
+                op: "window pointer".into(),
+                task: 3,
+                kernel: "look".into(),
             },
             Ev::Release {
                 ts: 8,

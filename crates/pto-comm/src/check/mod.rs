@@ -1,9 +1,10 @@
 //! The happens-before checker behind `pto check`: a vector clock per rank, advanced by every
 //! ordering edge the protocols make (a notify releases, the wait, test or deferred condition
 //! that sees it acquires; barriers and collectives join every member), and a record of every
-//! window access with its byte range (put, get, atomics, notify, and the window tensors kernels
-//! take as arguments). Two accesses to overlapping bytes of one rank's window, at least one a
-//! write and not both atomic, that neither clock orders, are a race. See
+//! window access with its byte range (put, get, atomics, notify, the window tensors kernels
+//! take as arguments, and the raw pointers kernels take into their rank's buffers, each a write
+//! of the whole buffer by the task). Two accesses to overlapping bytes of one rank's window, at
+//! least one a write and not both atomic, that neither clock orders, are a race. See
 //! `docs/design/check.md`.
 //!
 //! Events are recorded as they happen, with a monotonic timestamp (one clock for every process
@@ -73,6 +74,22 @@ thread_local! {
     static TASK: RefCell<Option<(u64, String, usize, u64)>> = const { RefCell::new(None) };
     /// Inside a collective: its internal accesses are the runtime's, not recorded.
     static QUIET: RefCell<u32> = const { RefCell::new(0) };
+    /// The raw pointers into window memory the running kernel took (see [`Checker::raw`]).
+    static RAW: RefCell<Vec<Raw>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A raw pointer (or view) a kernel took into its rank's part of a window: window, target
+/// rank, byte span, the token stamped when it was taken, and the operation's name.
+struct Raw {
+    window: String,
+    target: usize,
+    span: (usize, usize),
+    token: u64,
+    op: &'static str,
+}
+
+fn token() -> u64 {
+    (u64::from(std::process::id()) << 32) | TOKENS.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff
 }
 
 static TOKENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -99,8 +116,8 @@ impl KernelObserver for Observer {
         };
         let rank = c.comm().world_rank();
         self.0.pause(rank);
-        let token = (u64::from(std::process::id()) << 32)
-            | TOKENS.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff;
+        let token = token();
+        RAW.with(|r| r.borrow_mut().clear());
         TASK.with(|t| {
             *t.borrow_mut() = Some((ctx.task().get(), ctx.kernel_name().to_string(), rank, token));
         });
@@ -113,6 +130,22 @@ impl KernelObserver for Observer {
         };
         // A perturbation point before the task completes (and releases its consumers).
         self.0.pause(rank);
+        for raw in RAW.with(|r| std::mem::take(&mut *r.borrow_mut())) {
+            let kernel = kernel.clone();
+            self.0.sink.push(|ts| Ev::Span {
+                ts,
+                rank,
+                token: raw.token,
+                window: raw.window,
+                target: raw.target,
+                off: raw.span.0,
+                len: raw.span.1,
+                kind: AccessKind::Write,
+                op: raw.op.to_string(),
+                task,
+                kernel,
+            });
+        }
         let pid = std::process::id();
         for i in 0..ctx.num_tensors() {
             let (Ok(t), Ok(mode)) = (ctx.tensor(i), ctx.mode(i)) else {
@@ -278,6 +311,37 @@ impl Checker {
             op: op.to_string(),
             task,
             kernel,
+        });
+    }
+
+    /// `rank` took a raw pointer (or view) to bytes `span` (`(off, len)`) of its own part of
+    /// window `window`: whatever it does through it is unknown, so it is taken as a write of
+    /// the whole span. In a kernel, the write is placed anywhere between now and the kernel's
+    /// end (recorded then, like a tensor argument); outside one, now.
+    pub(crate) fn raw(&self, rank: usize, window: &str, span: (usize, usize), op: &'static str) {
+        if !self.ok(rank) || span.1 == 0 {
+            return;
+        }
+        let in_task = TASK.with(|t| matches!(&*t.borrow(), Some((_, _, r, _)) if *r == rank));
+        if !in_task {
+            self.access(rank, window, rank, span, AccessKind::Write, op);
+            return;
+        }
+        RAW.with(|r| {
+            let mut r = r.borrow_mut();
+            // The first time a kernel takes a span is its earliest possible access.
+            if r.iter().any(|x| x.window == window && x.span == span) {
+                return;
+            }
+            let token = token();
+            self.sink.push(|ts| Ev::Start { ts, rank, token });
+            r.push(Raw {
+                window: window.to_string(),
+                target: rank,
+                span,
+                token,
+                op,
+            });
         });
     }
 

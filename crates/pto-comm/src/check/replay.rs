@@ -154,6 +154,37 @@ impl Replay {
                 };
                 self.push(a, &window, lo, hi);
             }
+            Ev::Span {
+                rank,
+                token,
+                window,
+                target,
+                off,
+                len,
+                kind,
+                op,
+                task,
+                kernel,
+                ..
+            } => {
+                let hi = self.clock(rank).clone();
+                let lo = self
+                    .starts
+                    .get(&token)
+                    .cloned()
+                    .unwrap_or_else(|| hi.clone());
+                let a = Access {
+                    rank,
+                    op,
+                    kind,
+                    task: Some(task),
+                    kernel: Some(kernel),
+                    target,
+                    buffer: None,
+                    range: (off, off + len),
+                };
+                self.push(a, &window, lo, hi);
+            }
             Ev::Release { rank, key, .. } => {
                 let mine = self.clock(rank).clone();
                 let n = mine.len();
@@ -299,10 +330,12 @@ fn advice(x: &Access, y: &Access) -> String {
     } else {
         (y, x)
     };
-    if w.rank != w.target && other.rank == w.target {
+    // One side is the owner of the memory (a peer's put and the owner's read, or the owner's
+    // write through a window pointer and a peer's get): the other should have waited on it.
+    if w.rank != other.rank && (other.rank == w.target || w.rank == w.target) {
         format!(
-            "rank {} does not wait on a signal that rank {} notified after its {} (notify -> wait), and no barrier or collective separates them",
-            other.rank, w.rank, w.op
+            "rank {} does not wait on a signal that rank {} notified after its {} (notify -> wait), nor rank {} on one that rank {} notified after its {} (the reuse of memory a peer may still use), and no barrier or collective separates them",
+            other.rank, w.rank, w.op, w.rank, other.rank, other.op
         )
     } else {
         format!(

@@ -20,6 +20,7 @@ use crate::check::{self, AccessKind};
 use crate::comm::Comm;
 use crate::error::CommError;
 
+mod raw;
 mod spec;
 
 pub(crate) use spec::carve;
