@@ -34,6 +34,7 @@ fn mpirun(n: usize, extra: &[&str]) -> Command {
         "PTO_MPI_WINDOWS",
         "PTO_WAIT_TIMEOUT_MS",
         "PTO_TEST_ONLY",
+        "PTO_MPI_NODE_RANKS",
     ] {
         cmd.args(["-x", v]);
     }
@@ -124,6 +125,17 @@ fn conformance_on_2_ranks_rma_windows() {
 #[test]
 fn conformance_on_4_ranks_rma_windows() {
     conformance(4, "rma");
+}
+
+#[test]
+fn a_hierarchical_allreduce_over_nodes_of_two_ranks() {
+    let mut cmd = mpirun(4, &[]);
+    cmd.env(CASE_ENV, "hierarchical")
+        .env("PTO_MPI_WINDOWS", "rma")
+        .env("PTO_MPI_NODE_RANKS", "2");
+    rank_args(&mut cmd);
+    let (ok, out) = run(cmd, Duration::from_secs(100));
+    assert!(ok && out.contains("hierarchical allreduce ok"), "{out}");
 }
 
 #[test]
@@ -254,7 +266,7 @@ fn a_collective_across_two_network_namespaces() {
         "--allow-run-as-root --oversubscribe --mca plm_rsh_agent {agent} \
          --mca oob_tcp_if_include 10.78.0.0/24 --mca pml ob1 --mca btl tcp,self \
          --mca btl_tcp_if_include 10.78.0.0/24 --mca osc pt2pt \
-         --host {a0}:1,{a1}:1 -n 2 -x {CASE_ENV} -x PTO_WAIT_TIMEOUT_MS",
+         --host {a0}:2,{a1}:2 -n 4 -x {CASE_ENV} -x PTO_WAIT_TIMEOUT_MS -x PTO_MPI_NODE_RANKS",
         agent = hosts.agent().display(),
         a0 = ADDR[0],
         a1 = ADDR[1],
@@ -262,8 +274,11 @@ fn a_collective_across_two_network_namespaces() {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", NS[0], "mpirun"]);
     cmd.args(inner.split_whitespace());
+    // Both namespaces have the same hostname, which confuses Open MPI's idea of a node: the
+    // ranks are grouped as placed (ranks 0-1 on the first host, 2-3 on the second).
     cmd.env(CASE_ENV, "two_hosts")
-        .env("PTO_WAIT_TIMEOUT_MS", "20000");
+        .env("PTO_WAIT_TIMEOUT_MS", "20000")
+        .env("PTO_MPI_NODE_RANKS", "2");
     rank_args(&mut cmd);
     let (ok, out) = run(cmd, Duration::from_secs(100));
     drop(hosts);
@@ -305,8 +320,68 @@ fn all_cases(world: &Comm) -> Result<(), String> {
     Ok(())
 }
 
-/// Across two hosts: RMA windows (the default off one node), a put + signal ring, and an
-/// allreduce; the ranks must be in different network namespaces.
+/// Allreduces on RMA windows with the ranks grouped in nodes of two (`PTO_MPI_NODE_RANKS=2`):
+/// hierarchical (node shared memory, then the leaders), every dtype MPI reduces, every op,
+/// counts from 1 to more than one staging slot, on the world and on a domain of 3 ranks (nodes
+/// of 2 and 1); each result checked against its formula.
+fn hierarchical(world: &Comm) -> Result<(), String> {
+    let e = |e: pto_comm::CommError| e.to_string();
+    let check = |c: &Comm| -> Result<(), String> {
+        let co = Collectives::new(c, 4096).map_err(e)?;
+        let (r, n) = (c.rank(), c.size());
+        for count in [1usize, 7, 1000, 300_000] {
+            let mut f: Vec<f32> = (0..count).map(|i| (r + i % 7) as f32).collect();
+            co.allreduce(&mut f, ReduceOp::Sum).map_err(e)?;
+            let tri = (n * (n - 1) / 2) as f32;
+            if let Some(i) = (0..count).find(|&i| f[i] != (n * (i % 7)) as f32 + tri) {
+                return Err(format!("f32 sum of {count} on {n} ranks: [{i}] = {}", f[i]));
+            }
+            let mut m: Vec<i64> = (0..count).map(|i| ((r * 31 + i) % 97) as i64).collect();
+            co.allreduce(&mut m, ReduceOp::Max).map_err(e)?;
+            let want = |i: usize| {
+                (0..n)
+                    .map(|q| ((q * 31 + i) % 97) as i64)
+                    .max()
+                    .unwrap_or(0)
+            };
+            if let Some(i) = (0..count).find(|&i| m[i] != want(i)) {
+                return Err(format!("i64 max of {count} on {n} ranks: [{i}] = {}", m[i]));
+            }
+            let mut d: Vec<f64> = (0..count).map(|i| (r as f64) - (i % 5) as f64).collect();
+            co.allreduce(&mut d, ReduceOp::Min).map_err(e)?;
+            if let Some(i) = (0..count).find(|&i| d[i] != -((i % 5) as f64)) {
+                return Err(format!("f64 min of {count} on {n} ranks: [{i}] = {}", d[i]));
+            }
+            let mut p: Vec<i32> = (0..count).map(|i| 1 + ((r + i) % 2) as i32).collect();
+            co.allreduce(&mut p, ReduceOp::Prod).map_err(e)?;
+            let want = |i: usize| (0..n).map(|q| 1 + ((q + i) % 2) as i32).product::<i32>();
+            if let Some(i) = (0..count).find(|&i| p[i] != want(i)) {
+                return Err(format!(
+                    "i32 prod of {count} on {n} ranks: [{i}] = {}",
+                    p[i]
+                ));
+            }
+        }
+        match co.allreduce_algorithm::<f32>(1024) {
+            "hierarchical" => Ok(()),
+            other => Err(format!(
+                "{n} ranks in nodes of 2 ran {other:?}, not hierarchical"
+            )),
+        }
+    };
+    check(world)?;
+    if world.rank() < 3 {
+        check(&world.domain(&[0, 1, 2]).map_err(e)?)?;
+    }
+    world.barrier().map_err(e)?;
+    if world.rank() == 0 {
+        println!("hierarchical allreduce ok");
+    }
+    Ok(())
+}
+
+/// Across two hosts, two ranks on each: RMA windows (the default off one node), a put + signal
+/// ring, and a hierarchical allreduce; the hosts are two network namespaces.
 fn two_hosts(c: &Comm) -> Result<(), String> {
     let e = |e: pto_comm::CommError| e.to_string();
     let ns = std::fs::read_link("/proc/self/ns/net").map_err(|e| e.to_string())?;
@@ -318,8 +393,12 @@ fn two_hosts(c: &Comm) -> Result<(), String> {
     let co = Collectives::new(c, 4096).map_err(e)?;
     let mut ids = vec![0u64; c.size()];
     co.allgather(&[id], &mut ids).map_err(e)?;
-    if ids[0] == ids[1] {
-        return Err(format!("both ranks are in network namespace {}", ids[0]));
+    let n = c.size();
+    if ids[0] == ids[n - 1] {
+        return Err(format!(
+            "the first and last ranks are both in network namespace {}",
+            ids[0]
+        ));
     }
     let w = c.alloc_window(&WindowSpec::new(128)).map_err(e)?;
     let next = (c.rank() + 1) % c.size();
@@ -331,16 +410,24 @@ fn two_hosts(c: &Comm) -> Result<(), String> {
     if got[0] != prev as u64 + 10 {
         return Err(format!("ring: got {}, want {}", got[0], prev + 10));
     }
+    // Two ranks per host: the allreduce is hierarchical (each host's ranks combine in shared
+    // memory, the two hosts' leaders over TCP).
     let mut v: Vec<f32> = (0..1000).map(|i| (i + c.rank()) as f32).collect();
     co.allreduce(&mut v, ReduceOp::Sum).map_err(e)?;
     for (i, x) in v.iter().enumerate() {
-        let want = (2 * i + 1) as f32;
+        let want = (n * i + n * (n - 1) / 2) as f32;
         if *x != want {
             return Err(format!("allreduce[{i}] = {x}, want {want}"));
         }
     }
+    let algo = co.allreduce_algorithm::<f32>(4000);
+    if algo != "hierarchical" {
+        return Err(format!(
+            "2 ranks on each of 2 hosts ran a {algo:?} allreduce"
+        ));
+    }
     if c.rank() == 0 {
-        println!("two hosts: allreduce ok (namespaces {ids:?})");
+        println!("two hosts: allreduce ok ({algo}; namespaces {ids:?})");
     }
     Ok(())
 }
@@ -356,6 +443,7 @@ fn rank_entry() {
     let result = match what.as_str() {
         "conformance" => all_cases(&comm),
         "two_hosts" => two_hosts(&comm),
+        "hierarchical" => hierarchical(&comm),
         "abort" => {
             comm.barrier().unwrap();
             if comm.rank() == 1 {

@@ -103,6 +103,12 @@ pub const VARS: &[Var] = &[
         kind: Kind::Word(&["shared", "rma"]),
     },
     Var {
+        name: "PTO_MPI_NODE_RANKS",
+        doc: "MPI backend: group ranks into nodes of this many consecutive ranks for hierarchical collectives (default: the real nodes)",
+        default: "auto",
+        kind: Kind::Int { min: 1, max: 1 << 20 },
+    },
+    Var {
         name: "PTO_MPIRUN",
         doc: "the MPI launcher `pto run --backend mpi` starts (else $MPIEXEC, else mpirun)",
         default: "mpirun",

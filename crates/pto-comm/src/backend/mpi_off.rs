@@ -25,6 +25,9 @@ impl MpiComm {
     pub(crate) fn peers_mapped(&self) -> bool {
         match *self {}
     }
+    pub(crate) fn is_hierarchical(&self) -> bool {
+        match *self {}
+    }
     pub(crate) fn world_memory(
         &self,
         _: usize,

@@ -113,10 +113,17 @@ impl Collectives {
         let on_library_by_choice = algo == Algorithm::Auto
             && library_reduces(T::DTYPE)
             && LIBRARY_ALLREDUCE_BYTES.contains(&bytes);
-        if self.w.library().is_some()
-            || (on_library_by_choice && self.comm().inner.io.library().is_some())
-        {
-            return "library";
+        if let Some(l) = self.w.library().or_else(|| {
+            on_library_by_choice
+                .then(|| self.comm().inner.io.library())
+                .flatten()
+        }) {
+            // Hierarchical once the first allreduce found several nodes with several ranks.
+            return if l.is_hierarchical() {
+                "hierarchical"
+            } else {
+                "library"
+            };
         }
         match self.resolve(algo, bytes) {
             Algorithm::SingleCopy => "single-copy",

@@ -40,7 +40,7 @@ use crate::comm::{Comm, RankGuard};
 use crate::error::CommError;
 use crate::world::{create_world, env_timeout, MAX_RANKS};
 
-pub use crate::backend::mpi::ENV_WINDOWS;
+pub use crate::backend::mpi::{ENV_NODE_RANKS, ENV_WINDOWS};
 
 /// True when this process looks like a rank of an MPI job (Open MPI, MPICH or a PMI launcher
 /// set its variables).

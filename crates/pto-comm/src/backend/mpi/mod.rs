@@ -19,8 +19,11 @@ use crate::error::CommError;
 use crate::reduce::ReduceOp;
 
 mod ffi;
+mod node;
 pub(crate) mod rma;
 mod watchdog;
+
+pub use node::ENV_NODE_RANKS;
 
 pub(crate) use ffi::{abort_job, reduces};
 use ffi::{datatype, in_place, int, lock, ok, op_handle, ByteExchangeFn, Finalizer, MpiMemory, H};
@@ -46,9 +49,22 @@ pub(crate) struct MpiComm {
     world_rank: usize,
     mode: Mode,
     fin: Arc<Finalizer>,
+    /// This communicator's nodes, for hierarchical allreduces (built on first use).
+    hier: std::sync::OnceLock<Option<Box<node::Hierarchy>>>,
 }
 
 impl MpiComm {
+    /// A communicator derived from this one (same rank, mode and MPI lifetime).
+    fn derived(&self, c: sys::MPI_Comm) -> MpiComm {
+        MpiComm {
+            comm: H(c),
+            world_rank: self.world_rank,
+            mode: self.mode,
+            fin: self.fin.clone(),
+            hier: std::sync::OnceLock::new(),
+        }
+    }
+
     /// True when every member maps every member's memory (shared windows, one node).
     pub(crate) fn peers_mapped(&self) -> bool {
         self.mode == Mode::Shared
@@ -160,12 +176,7 @@ impl MpiComm {
                 sys::MPI_Comm_set_errhandler(c, sys::RSMPI_ERRORS_RETURN),
                 "MPI_Comm_set_errhandler",
             )?;
-            Ok(MpiComm {
-                comm: H(c),
-                world_rank: self.world_rank,
-                mode: self.mode,
-                fin: self.fin.clone(),
-            })
+            Ok(self.derived(c))
         }
     }
 
@@ -269,8 +280,24 @@ impl MpiComm {
         self.ok(rc, call)
     }
 
-    /// `MPI_Allreduce` of the elements of `dtype` (f32, f64, i32 or i64) in `data`, in place.
+    /// Allreduce of the elements of `dtype` (f32, f64, i32 or i64) in `data`, in place:
+    /// hierarchical (node shared memory, then the nodes' leaders) when the members span
+    /// several nodes and some node holds several of them, else `MPI_Allreduce`.
     pub(crate) fn allreduce(
+        &self,
+        data: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        deadline: Instant,
+    ) -> Result<(), CommError> {
+        match self.hierarchy(deadline)? {
+            Some(h) => h.allreduce(data, dtype, op, deadline),
+            None => self.allreduce_flat(data, dtype, op, deadline),
+        }
+    }
+
+    /// `MPI_Allreduce` of the elements of `dtype` (f32, f64, i32 or i64) in `data`, in place.
+    pub(crate) fn allreduce_flat(
         &self,
         data: &mut [u8],
         dtype: DType,
@@ -483,6 +510,7 @@ pub(crate) fn start() -> Result<(Arc<MpiComm>, usize, usize), CommError> {
         world_rank: rank,
         mode,
         fin,
+        hier: std::sync::OnceLock::new(),
     });
     Ok((world, rank, size))
 }
