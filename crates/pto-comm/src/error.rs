@@ -224,7 +224,9 @@ impl CommError {
             CommError::PeerDied { .. } | CommError::PeerGone { .. } | CommError::Aborted { .. } => {
                 Cause::Peer
             }
-            CommError::Timeout { .. } => Cause::Timeout,
+            // A segment whose creator died is that rank's failure, not this one's.
+            CommError::Shm(ShmError::Stale { .. }) => Cause::Peer,
+            CommError::Timeout { .. } | CommError::Shm(ShmError::Timeout { .. }) => Cause::Timeout,
             _ => Cause::Own,
         }
     }

@@ -202,6 +202,31 @@ fn cleanup() {
             }
         }
     }
+    // Wait (at most 1.5 s) until the killed children are gone: a child that had not yet
+    // taken the SIGKILL could still create a segment after the sweep below, and must not be
+    // left running when this process exits.
+    for _ in 0..150 {
+        let mut alive = false;
+        for s in &CHILDREN {
+            let v = s.load(Ordering::Acquire);
+            if v == 0 || v & GROUP != 0 || (v >> 32) as u32 != me {
+                continue;
+            }
+            let pid = (v & 0x7fff_ffff) as libc::pid_t;
+            // SAFETY: waitpid with WNOHANG is async-signal-safe. 0 means "not yet"; the pid,
+            // or -1 (already reaped elsewhere, or not our child), means gone.
+            unsafe {
+                let mut st = 0;
+                if libc::waitpid(pid, &mut st, libc::WNOHANG) == 0 {
+                    alive = true;
+                }
+            }
+        }
+        if !alive {
+            break;
+        }
+        sleep_ms(10);
+    }
     if groups {
         // Give each group (an MPI launcher and its ranks) 1.5 s to end, then kill what is left.
         for _ in 0..150 {
