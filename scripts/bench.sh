@@ -32,8 +32,20 @@ if command -v mpicc >/dev/null && [ -f "$anchors/mpi_osu.c" ]; then
   cargo build --release --quiet -p pto-cli --features mpi
   for n in 2 4; do $pto bench allreduce --backend mpi --ranks "$n" --json; done
   PTO_MPI_WINDOWS=rma $pto bench allreduce --backend mpi --ranks 2 --json
+  # The hierarchical allreduce (nodes of 2 ranks, leaders over MPI) beside MPI_Allreduce.
+  PTO_MPI_WINDOWS=rma PTO_MPI_NODE_RANKS=2 $pto bench allreduce --backend mpi --ranks 4 --json
+  # Many ranks: bring-up, barrier and allreduce up to 256 ranks, Open MPI's barrier beside.
+  $pto bench scale --max-ranks 256 --mpi-anchor target/mpi_bar8 --json
 else
   echo "note: Open MPI not installed; MPI anchors and the mpi backend skipped" >&2
+fi
+
+# The checker's cost: `pto check` beside `pto run` of every distributed example, 4 ranks.
+PTO_BIN=$pto bash scripts/check-overhead.sh 4 5
+
+# A C plugin's kernel beside a built-in one (examples/plugin/empty.c).
+if cc -O2 -shared -fPIC -I"$($pto include-dir)" examples/plugin/empty.c -o target/libempty.so; then
+  $pto bench plugin --plugin target/libempty.so --json
 fi
 
 # Python (when the package is installed in target/py-venv by scripts/test.sh): its Worker costs,
