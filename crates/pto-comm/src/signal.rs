@@ -112,8 +112,15 @@ impl Window {
             .wait(me, offset, reached, deadline, || comm.check())
             .map_err(wait_err(
                 || {
+                    // Named by its buffer, with the value it holds now (read only on failure).
+                    let seen = self
+                        .inner
+                        .io
+                        .load_u32(me, offset)
+                        .map_or_else(|_| "?".to_string(), |v| v.to_string());
                     format!(
-                        "signal wait at offset {offset} of window #{} for >= {value}",
+                        "wait on {} (window #{}, offset {offset}; it holds {seen})",
+                        self.signal_name(offset, value),
                         self.inner.seq
                     )
                 },

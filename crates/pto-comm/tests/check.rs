@@ -475,6 +475,11 @@ fn without_the_checker_a_deadline_names_what_every_rank_waits_on() {
     let Err(CommError::Timeout { what, .. }) = &results[0] else {
         panic!("{results:?}");
     };
+    // The rank that gave up names the signal by its buffer, and what it holds.
+    assert!(
+        what.contains("wait on signal `flag[0]`") && what.contains("it holds 0"),
+        "{what}"
+    );
     // Ranks in the same wait are named together.
     assert!(
         what.contains("wait-for graph: ranks 0-1: waits on its signal at offset"),
