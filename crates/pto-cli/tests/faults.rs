@@ -464,6 +464,23 @@ fn signals_end_every_child_remove_every_segment_and_exit_128_plus_the_signal() {
 }
 
 #[test]
+fn no_space_in_dev_shm_is_an_environment_error_that_leaves_nothing() {
+    // A private /dev/shm of 64 KiB: the first mailbox segment does not fit.
+    let o = common::in_private_shm(
+        "mount -o remount,size=64k /dev/shm && \"$PTO\" run allreduce_distributed --ranks 2 --json; rc=$?; echo left: $(ls /dev/shm | wc -l); exit $rc",
+    );
+    if o.err.contains("no private mount namespace") {
+        eprintln!("SKIPPED: no private /dev/shm here");
+        return;
+    }
+    assert_eq!(o.code, Some(4), "{}\n{}", o.out, o.err);
+    assert!(o.err.contains("no space in /dev/shm"), "{}", o.err);
+    let v: Value = serde_json::from_str(o.out.lines().next().unwrap_or("")).unwrap_or(Value::Null);
+    assert_eq!(v["error"]["kind"], "environment", "{}", o.out);
+    assert!(o.out.contains("left: 0"), "segments left: {}", o.out);
+}
+
+#[test]
 fn a_fifo_named_like_a_segment_hangs_nothing() {
     let name = format!("pto.{}.00000000feedf00d.fifo", std::process::id());
     let o = common::in_private_shm(&format!(
