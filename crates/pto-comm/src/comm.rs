@@ -187,6 +187,26 @@ impl Comm {
         self.world_ref().abort(self.world_rank(), message);
     }
 
+    /// A barrier named `name` of this communicator, as the checker sees it (nothing when no
+    /// checker runs).
+    pub(crate) fn join_point(&self, name: &str, what: &str) -> crate::check::join::Join {
+        self.make_join(name, what, false)
+    }
+
+    /// A collective of this communicator: one joining point, its internals not recorded.
+    pub(crate) fn collective_join(&self, what: &str) -> crate::check::join::Join {
+        self.make_join(&self.inner.key, what, true)
+    }
+
+    fn make_join(&self, name: &str, what: &str, quiet: bool) -> crate::check::join::Join {
+        let members = || {
+            (0..self.size())
+                .map(|i| self.world_rank_of(i).unwrap_or(i))
+                .collect()
+        };
+        crate::check::join::Join::make(self.world_rank(), self.rank(), members, name, what, quiet)
+    }
+
     /// Waits until every member has called `barrier`.
     ///
     /// # Collective
@@ -198,7 +218,7 @@ impl Comm {
     /// A dead or failed member (named), an abort, or the deadline (`PTO_WAIT_TIMEOUT_MS`).
     /// After an error the communicator must not be used for collectives again.
     pub fn barrier(&self) -> Result<(), CommError> {
-        let join = crate::check::Join::enter(self, &self.inner.key, "barrier");
+        let join = self.join_point(&self.inner.key, "barrier");
         let w = self.world_ref();
         w.check_abort().inspect_err(|e| join.failed(e))?;
         let _posted = self.post_wait(crate::world::Waiting::Barrier {

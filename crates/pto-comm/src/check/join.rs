@@ -10,26 +10,23 @@ use super::{active, stalled, Checker, QUIET};
 pub(crate) struct Join(Option<(Arc<Checker>, usize, String, u64, bool)>);
 
 impl Join {
-    /// A barrier (of a window or a communicator) named by `name`.
-    pub(crate) fn enter(comm: &crate::comm::Comm, name: &str, what: &str) -> Join {
-        Join::make(comm, name, what, false)
-    }
-
-    /// A collective of `comm`: one joining point, its internals not recorded.
-    pub(crate) fn collective(comm: &crate::comm::Comm, what: &str) -> Join {
-        Join::make(comm, &comm.inner.key, what, true)
-    }
-
-    fn make(comm: &crate::comm::Comm, name: &str, what: &str, quiet: bool) -> Join {
+    /// A joining point `what` (`barrier`, `allreduce`...) of `name`, entered by world rank
+    /// `rank` (rank `local` of the communicator whose members are the world ranks `members`).
+    /// `quiet`: a collective, whose internals are not recorded. Made by
+    /// `Comm::join_point` and `Comm::collective_join`.
+    pub(crate) fn make(
+        rank: usize,
+        local: usize,
+        members: impl FnOnce() -> Vec<usize>,
+        name: &str,
+        what: &str,
+        quiet: bool,
+    ) -> Join {
         let Some(c) = active() else {
             return Join(None);
         };
-        let rank = comm.world_rank();
         let key = format!("{what} of {name}");
-        let members: Vec<usize> = (0..comm.size())
-            .map(|i| comm.world_rank_of(i).unwrap_or(i))
-            .collect();
-        let seq = c.enter(rank, &key, &members, comm.rank());
+        let seq = c.enter(rank, &key, &members(), local);
         if quiet {
             QUIET.with(|q| *q.borrow_mut() += 1);
         }

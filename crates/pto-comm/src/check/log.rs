@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 
-use super::AccessKind;
+use super::report::AccessKind;
 
 /// One recorded event.
 #[derive(Clone, Debug, PartialEq)]

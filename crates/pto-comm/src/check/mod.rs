@@ -25,14 +25,13 @@ use pto_core::observe::KernelObserver;
 use pto_core::KernelCtx;
 
 use crate::context::CommContext;
-use crate::window::BufferRef;
+use crate::window::spec::BufferRef;
 
-mod join;
+pub(crate) mod join;
 mod log;
 mod replay;
 mod report;
 
-pub(crate) use join::Join;
 use log::{Ev, Sink};
 use report::cycle;
 pub use report::{render, Access, AccessKind, Blocked, BlockedIn, CheckReport, Race};

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::log::Ev;
-use super::{Access, AccessKind, Race};
+use super::report::{Access, AccessKind, Race};
 
 type Clock = Vec<u32>;
 

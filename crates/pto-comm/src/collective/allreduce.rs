@@ -38,7 +38,8 @@ impl Collectives {
         op: ReduceOp,
         algo: Algorithm,
     ) -> Result<(), CommError> {
-        crate::check::Join::collective(self.comm(), "allreduce")
+        self.comm()
+            .collective_join("allreduce")
             .run(|| self.allreduce_with_in::<T>(data, op, algo))
     }
 
@@ -449,7 +450,8 @@ impl Collectives {
         count: usize,
         op: ReduceOp,
     ) -> Result<(), CommError> {
-        crate::check::Join::collective(self.comm(), "allreduce_window")
+        self.comm()
+            .collective_join("allreduce_window")
             .run(|| self.allreduce_window_in::<T>(w, offset, count, op))
     }
 

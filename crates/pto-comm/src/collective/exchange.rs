@@ -13,7 +13,8 @@ impl Collectives {
     ///
     /// `out` is not `size × mine.len()` long, or a communication error.
     pub fn allgather<T: bytemuck::Pod>(&self, mine: &[T], out: &mut [T]) -> Result<(), CommError> {
-        crate::check::Join::collective(self.comm(), "allgather")
+        self.comm()
+            .collective_join("allgather")
             .run(|| self.allgather_in::<T>(mine, out))
     }
 
@@ -60,7 +61,8 @@ impl Collectives {
         data: &[T],
         op: ReduceOp,
     ) -> Result<Vec<T>, CommError> {
-        crate::check::Join::collective(self.comm(), "reduce_scatter")
+        self.comm()
+            .collective_join("reduce_scatter")
             .run(|| self.reduce_scatter_in::<T>(data, op))
     }
 
@@ -117,7 +119,8 @@ impl Collectives {
         data: &mut [T],
         root: usize,
     ) -> Result<(), CommError> {
-        crate::check::Join::collective(self.comm(), "broadcast")
+        self.comm()
+            .collective_join("broadcast")
             .run(|| self.broadcast_in::<T>(data, root))
     }
 
@@ -165,7 +168,8 @@ impl Collectives {
         send: &[T],
         recv: &mut [T],
     ) -> Result<(), CommError> {
-        crate::check::Join::collective(self.comm(), "all_to_all")
+        self.comm()
+            .collective_join("all_to_all")
             .run(|| self.all_to_all_in::<T>(send, recv))
     }
 

@@ -329,7 +329,9 @@ impl Collectives {
     ///
     /// A communication error.
     pub fn barrier(&self) -> Result<(), CommError> {
-        crate::check::Join::collective(self.comm(), "barrier").run(|| self.barrier_in())
+        self.comm()
+            .collective_join("barrier")
+            .run(|| self.barrier_in())
     }
 
     fn barrier_in(&self) -> Result<(), CommError> {

@@ -21,7 +21,7 @@ use crate::comm::Comm;
 use crate::error::CommError;
 
 mod raw;
-mod spec;
+pub(crate) mod spec;
 
 pub(crate) use spec::carve;
 pub use spec::{BufferRef, BufferSpec, RemoteRef, WindowSpec, MAX_WINDOW, WINDOW_ALIGN};
@@ -514,7 +514,7 @@ impl Window {
     ///
     /// As [`Comm::barrier`].
     pub fn barrier(&self) -> Result<(), CommError> {
-        let join = check::Join::enter(&self.inner.comm, &self.inner.name, "barrier");
+        let join = self.inner.comm.join_point(&self.inner.name, "barrier");
         let comm = &self.inner.comm;
         let _posted = comm.post_wait(crate::world::Waiting::Barrier {
             members: comm.size() as u32,

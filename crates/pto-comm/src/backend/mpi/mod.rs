@@ -1,7 +1,9 @@
 //! The MPI library as a backend (cargo feature `mpi`): communicators ([`MpiComm`]: barriers,
 //! agreements, sub-communicators, window allocation, collectives), RMA windows (`rma.rs`), the
 //! library's calls (`ffi.rs`) and the watchdog of blocking calls (`watchdog.rs`). Starting the
-//! job and the public API are `crate::launch::mpi`'s. Design notes:
+//! job and the public API are `crate::launch::mpi`'s. `node.rs` (the hierarchical allreduce)
+//! adds methods to [`MpiComm`], which holds the node hierarchy it builds: the one pair of files
+//! in pto-comm that refer to each other, a type and its extension. Design notes:
 //! `docs/design/mpi-backend.md`.
 
 #![allow(unsafe_code)]
