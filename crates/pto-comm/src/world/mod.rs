@@ -8,6 +8,7 @@
 //! | 256 | abort word: 0, or the aborting world rank + 1 |
 //! | 260 | supervised: 1 when the launcher publishes its ranks' deaths here (no `/proc` reads) |
 //! | 264 | departures: how many ranks left the running state (exited, failed, died) |
+//! | 268 | first loss: 0, or the world rank + 1 of the first rank that died or failed |
 //! | 320 | world barrier ([`pto_shm::barrier::Barrier`], 128 bytes) |
 //! | 448 | abort message (256 bytes, written before the abort word) |
 //! | 704 | pair-barrier flags: two 64-byte lines `{arrivals: u32, sleepers: u32}` |
@@ -29,6 +30,8 @@ use crate::backend::mapping::Mapping;
 use crate::backend::{Backend, Transport};
 use crate::error::CommError;
 
+mod board;
+
 /// The most ranks a communicator may have.
 pub const MAX_RANKS: usize = 1024;
 
@@ -42,6 +45,7 @@ pub(crate) fn env_timeout() -> Result<Duration, CommError> {
 pub(crate) const OFF_ABORT: usize = 256;
 pub(crate) const OFF_SUPERVISED: usize = 260;
 pub(crate) const OFF_DEPARTURES: usize = 264;
+pub(crate) const OFF_FIRST_LOSS: usize = 268;
 pub(crate) const OFF_BARRIER: usize = 320;
 pub(crate) const OFF_ABORT_MSG: usize = 448;
 pub(crate) const ABORT_MSG_LEN: usize = 256;
@@ -121,136 +125,6 @@ impl World {
         self.seg.barrier(OFF_BARRIER)
     }
 
-    /// Posts (or with `None` clears) what `rank` waits on, for the wait-for graph.
-    pub(crate) fn post_wait(&self, rank: usize, w: Option<Waiting>) {
-        if rank >= self.size {
-            return;
-        }
-        let off = off_waits(self.size) + rank * WAIT_SLOT;
-        let kind = self.seg.atomic_u32(off);
-        let Some(w) = w else {
-            kind.store(WAIT_NONE, Ordering::Release);
-            return;
-        };
-        let (k, value, window, offset) = match w {
-            Waiting::Signal {
-                window,
-                offset,
-                value,
-            } => (WAIT_SIGNAL, value, window, offset),
-            Waiting::Barrier { members } => (WAIT_BARRIER, members, 0, 0),
-        };
-        let since = pto_shm::process::monotonic_ns() / 1_000_000;
-        self.seg.atomic_u32(off + 4).store(value, Ordering::Relaxed);
-        self.seg
-            .atomic_u64(off + 8)
-            .store(window, Ordering::Relaxed);
-        self.seg
-            .atomic_u64(off + 16)
-            .store(offset, Ordering::Relaxed);
-        self.seg
-            .atomic_u64(off + 24)
-            .store(since, Ordering::Relaxed);
-        kind.store(k, Ordering::Release);
-    }
-
-    /// What `rank` waits on now, and since when (milliseconds on the monotonic clock).
-    pub(crate) fn waiting(&self, rank: usize) -> Option<(Waiting, u64)> {
-        if rank >= self.size {
-            return None;
-        }
-        let off = off_waits(self.size) + rank * WAIT_SLOT;
-        let k = self.seg.atomic_u32(off).load(Ordering::Acquire);
-        let value = self.seg.atomic_u32(off + 4).load(Ordering::Relaxed);
-        let window = self.seg.atomic_u64(off + 8).load(Ordering::Relaxed);
-        let offset = self.seg.atomic_u64(off + 16).load(Ordering::Relaxed);
-        let since = self.seg.atomic_u64(off + 24).load(Ordering::Relaxed);
-        let w = match k {
-            WAIT_SIGNAL => Waiting::Signal {
-                window,
-                offset,
-                value,
-            },
-            WAIT_BARRIER => Waiting::Barrier { members: value },
-            _ => return None,
-        };
-        Some((w, since))
-    }
-
-    /// The wait-for graph across the world's ranks, in words: what each rank waits on (or
-    /// that it runs, left or failed), and whether every live rank is waiting (a deadlock).
-    /// Ranks in the same state are named together (`ranks 2-9, 12 wait in a barrier of 16
-    /// ranks (since 3-20 ms)`), so that the graph of a thousand ranks stays a few lines.
-    pub(crate) fn wait_for_graph(&self) -> String {
-        let now = pto_shm::process::monotonic_ns() / 1_000_000;
-        // (state in words, the ranks in it, the youngest and oldest wait in ms)
-        type Group = (String, Vec<usize>, Option<(u64, u64)>);
-        let mut groups: Vec<Group> = Vec::new();
-        let mut live = 0;
-        let mut waiting = 0;
-        for r in 0..self.size {
-            let state = self.slot(r).1.load(Ordering::Acquire);
-            let mut age = None;
-            let text = match (state, self.waiting(r)) {
-                (EXITED, _) => "has left".to_string(),
-                (FAILED, _) => "failed".to_string(),
-                (DIED, _) => "died".to_string(),
-                (NOT_JOINED, _) => "never joined".to_string(),
-                (_, Some((w, since))) => {
-                    live += 1;
-                    waiting += 1;
-                    age = Some(now.saturating_sub(since));
-                    match w {
-                        Waiting::Signal {
-                            window,
-                            offset,
-                            value,
-                        } => format!(
-                            "waits on its signal at offset {offset} of window #{window} for >= {value}"
-                        ),
-                        Waiting::Barrier { members } => {
-                            format!("waits in a barrier of {members} ranks")
-                        }
-                    }
-                }
-                (_, None) => {
-                    live += 1;
-                    "is running (not in a wait)".to_string()
-                }
-            };
-            match groups.iter_mut().find(|g| g.0 == text) {
-                Some(g) => {
-                    g.1.push(r);
-                    if let (Some(a), Some((lo, hi))) = (age, &mut g.2) {
-                        *lo = (*lo).min(a);
-                        *hi = (*hi).max(a);
-                    }
-                }
-                None => groups.push((text, vec![r], age.map(|a| (a, a)))),
-            }
-        }
-        let parts: Vec<String> = groups
-            .into_iter()
-            .map(|(text, ranks, age)| {
-                let age = match age {
-                    Some((lo, hi)) if lo == hi => format!(" ({lo} ms)"),
-                    Some((lo, hi)) => format!(" ({lo}-{hi} ms)"),
-                    None => String::new(),
-                };
-                match ranks.as_slice() {
-                    [r] => format!("rank {r} {text}{age}"),
-                    _ => format!("ranks {}: {text}{age}", rank_ranges(&ranks)),
-                }
-            })
-            .collect();
-        let verdict = if live > 0 && waiting == live {
-            "; every live rank is waiting: a deadlock (or a notify nobody makes)"
-        } else {
-            ""
-        };
-        format!("wait-for graph: {}{verdict}", parts.join("; "))
-    }
-
     /// Claims `rank`'s slot for this process.
     pub(crate) fn join(&self, rank: usize) -> Result<(), CommError> {
         let me = ProcessId::current();
@@ -283,7 +157,21 @@ impl World {
     pub(crate) fn leave(&self, rank: usize, failed: bool) {
         let (_, state, _) = self.slot(rank);
         state.store(if failed { FAILED } else { EXITED }, Ordering::Release);
+        if failed {
+            self.lost(rank);
+        }
         self.departed();
+    }
+
+    /// Records `rank` as the first rank lost (died or failed), unless one was recorded before:
+    /// every waiter then names it, not a peer that left because of it.
+    fn lost(&self, rank: usize) {
+        let _ = self.seg.atomic_u32(OFF_FIRST_LOSS).compare_exchange(
+            0,
+            rank as u32 + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
     }
 
     /// Counts a departure (after the slot's state changed) and wakes the world barrier's
@@ -319,6 +207,7 @@ impl World {
             if p.load(Ordering::Acquire) == 0 {
                 p.store(pid, Ordering::Release);
             }
+            self.lost(rank);
             self.departed();
         }
         won
@@ -336,6 +225,7 @@ impl World {
             let a = state.compare_exchange(RUNNING, FAILED, Ordering::AcqRel, Ordering::Acquire);
             let b = state.compare_exchange(NOT_JOINED, FAILED, Ordering::AcqRel, Ordering::Acquire);
             if a.is_ok() || b.is_ok() {
+                self.lost(rank);
                 self.departed();
             }
         }
@@ -431,8 +321,37 @@ impl World {
     }
 
     /// The states of `peers`: a dead or failed peer is the cause; a peer that exited may only
-    /// have reacted to it, so it is reported only when no peer is dead or failed.
+    /// have reacted to it, so it is reported only when no peer is dead or failed. When some
+    /// peer has gone and another rank was lost first (a wait on tree neighbours sees only them),
+    /// that first loss is named: it is the root cause, the neighbour its consequence.
     fn check_states(&self, me: usize, peers: &[u32]) -> Result<(), CommError> {
+        match self.peer_state(me, peers) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.first_loss(me).unwrap_or(e)),
+        }
+    }
+
+    /// The first rank lost (died or failed) as an error, if any other than `me`.
+    fn first_loss(&self, me: usize) -> Option<CommError> {
+        let first = self.seg.atomic_u32(OFF_FIRST_LOSS).load(Ordering::Acquire);
+        let rank = (first as usize)
+            .checked_sub(1)
+            .filter(|&r| r != me && r < self.size)?;
+        let (pid, state, _) = self.slot(rank);
+        match state.load(Ordering::Acquire) {
+            DIED => Some(CommError::PeerDied {
+                rank,
+                pid: pid.load(Ordering::Acquire),
+            }),
+            FAILED => Some(CommError::PeerGone {
+                rank,
+                how: "failed",
+            }),
+            _ => None,
+        }
+    }
+
+    fn peer_state(&self, me: usize, peers: &[u32]) -> Result<(), CommError> {
         let mut exited = None;
         for &p in peers {
             let p = p as usize;
@@ -596,31 +515,42 @@ pub(crate) fn open_world(
     })
 }
 
-/// `[0, 1, 2, 5, 7, 8]` as `0-2, 5, 7-8`.
-fn rank_ranges(ranks: &[usize]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < ranks.len() {
-        let mut j = i;
-        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j {
-            ranks[i].to_string()
-        } else {
-            format!("{}-{}", ranks[i], ranks[j])
-        });
-        i = j + 1;
-    }
-    out.join(", ")
-}
-
 #[cfg(test)]
-mod rank_range_tests {
+mod tests {
+    use super::*;
+
+    /// A rank that waits only on neighbours (a tree) names the first rank lost, not the
+    /// neighbour that left because of it.
     #[test]
-    fn consecutive_ranks_are_written_as_ranges() {
-        assert_eq!(super::rank_ranges(&[0, 1, 2, 5, 7, 8]), "0-2, 5, 7-8");
-        assert_eq!(super::rank_ranges(&[3]), "3");
-        assert_eq!(super::rank_ranges(&[]), "");
+    fn a_wait_names_the_first_rank_lost_not_the_neighbour_that_left_after_it(
+    ) -> Result<(), CommError> {
+        let w = create_world(
+            6,
+            Transport::Local(Default::default()),
+            0,
+            Duration::from_secs(5),
+        )?;
+        for r in 0..6 {
+            w.join(r)?;
+        }
+        assert!(w.check(0, &[1, 2]).is_ok());
+        w.mark_died(4, 4242);
+        w.leave(1, false);
+        match w.check(0, &[1, 2]) {
+            Err(CommError::PeerDied { rank: 4, .. }) => {}
+            other => panic!("expected rank 4 named, got {other:?}"),
+        }
+        // A later failure does not replace the first loss.
+        w.mark_failed(5);
+        assert!(matches!(
+            w.check(0, &[1]),
+            Err(CommError::PeerDied { rank: 4, .. })
+        ));
+        // The lost rank itself is told about its neighbour, not about itself.
+        assert!(matches!(
+            w.check(4, &[1]),
+            Err(CommError::PeerGone { rank: 1, .. })
+        ));
+        Ok(())
     }
 }
