@@ -23,6 +23,8 @@ use pto_shm::HEADER_LEN;
 
 /// Bytes of one rank's slot in the node's staging memory: larger allreduces run in pieces.
 const SLOT: usize = 1 << 20;
+/// Where the slots start in the node segment: after its header and the node's barrier.
+const SLOTS: usize = HEADER_LEN + pto_shm::barrier::Barrier::SIZE;
 
 /// Environment variable: group ranks into nodes of this many consecutive ranks.
 pub const ENV_NODE_RANKS: &str = "PTO_MPI_NODE_RANKS";
@@ -175,7 +177,7 @@ impl MpiComm {
             return Ok(None);
         }
         let leaders = self.split((node_rank == 0).then_some(0), rank)?;
-        let staging = node.node_segment(node_rank, node_size * SLOT, deadline);
+        let staging = node.node_segment(node_rank, SLOTS - HEADER_LEN + node_size * SLOT, deadline);
         // Every node must have its staging memory, or the leaders would wait for a node that
         // gave up: all agree before any allreduce runs.
         let (all_ok, _) = self.min_max(u64::from(staging.is_ok()), deadline)?;
@@ -283,15 +285,15 @@ impl Hierarchy {
         op: ReduceOp,
         deadline: Instant,
     ) -> Result<(), CommError> {
-        // SAFETY: the staging segment holds HEADER_LEN header bytes, then the slots.
-        let base = unsafe { self.staging.as_ptr().add(HEADER_LEN) };
+        // SAFETY: the staging segment holds SLOTS bytes of header and barrier, then the slots.
+        let base = unsafe { self.staging.as_ptr().add(SLOTS) };
         let elem = dtype.size().max(1);
         let piece = SLOT - SLOT % (64 * elem);
         for chunk in data.chunks_mut(piece) {
             let len = chunk.len();
             // 1. Every rank writes its piece into its slot.
             self.staging
-                .write_bytes(HEADER_LEN + self.node_rank * SLOT, chunk);
+                .write_bytes(SLOTS + self.node_rank * SLOT, chunk);
             self.sync(deadline)?;
             // 2. Rank r of the node reduces share r of the piece over every slot into slot 0.
             let per = len.div_ceil(self.node_size * elem) * elem;
@@ -318,16 +320,30 @@ impl Hierarchy {
             }
             self.sync(deadline)?;
             // 4. Everyone reads the result; the barrier after it frees the slots for reuse.
-            self.staging.read_bytes(HEADER_LEN, chunk);
+            self.staging.read_bytes(SLOTS, chunk);
             self.sync(deadline)?;
         }
         Ok(())
     }
 
-    /// A barrier of the node that also orders the shared memory accesses around it.
+    /// A barrier of the node's ranks in their shared segment (a sense-reversing barrier that
+    /// spins, then parks: no MPI call), which also orders the shared accesses around it. A
+    /// node peer that dies ends the whole MPI job (the launcher's business), so the only
+    /// failure here is the deadline.
     fn sync(&self, deadline: Instant) -> Result<(), CommError> {
+        let start = Instant::now();
         fence(Ordering::SeqCst);
-        self.node.barrier(deadline)?;
+        self.staging
+            .barrier(HEADER_LEN)
+            .wait(self.node_size as u32, deadline, || Ok::<(), CommError>(()))
+            .map_err(|e| match e {
+                pto_shm::wait::WaitError::Check(e) => e,
+                pto_shm::wait::WaitError::Timeout { .. } => CommError::Timeout {
+                    what: "the node barrier of a hierarchical allreduce".into(),
+                    rank: self.node.world_rank,
+                    waited: start.elapsed(),
+                },
+            })?;
         fence(Ordering::SeqCst);
         Ok(())
     }
