@@ -49,11 +49,9 @@ impl Collectives {
         op: ReduceOp,
         algo: Algorithm,
     ) -> Result<(), CommError> {
-        let on_library_by_choice = algo == Algorithm::Auto
-            && library_reduces(T::DTYPE)
-            && LIBRARY_ALLREDUCE_BYTES.contains(&std::mem::size_of_val(data));
-        if self.w.library().is_some()
-            || (on_library_by_choice && self.comm().inner.io.library().is_some())
+        if self
+            .library_for::<T>(std::mem::size_of_val(data), algo)
+            .is_some()
         {
             return self.library_allreduce(data, op);
         }
@@ -111,14 +109,7 @@ impl Collectives {
         bytes: usize,
         algo: Algorithm,
     ) -> &'static str {
-        let on_library_by_choice = algo == Algorithm::Auto
-            && library_reduces(T::DTYPE)
-            && LIBRARY_ALLREDUCE_BYTES.contains(&bytes);
-        if let Some(l) = self.w.library().or_else(|| {
-            on_library_by_choice
-                .then(|| self.comm().inner.io.library())
-                .flatten()
-        }) {
+        if let Some(l) = self.library_for::<T>(bytes, algo) {
             // Hierarchical once the first allreduce found several nodes with several ranks.
             return if l.is_hierarchical() {
                 "hierarchical"
@@ -133,6 +124,22 @@ impl Collectives {
             Algorithm::Ring => "ring",
             _ => "mesh",
         }
+    }
+
+    /// The library whose own allreduce serves one of `bytes` asked to run `algo`: always on
+    /// RMA windows, and by choice for the sizes where it was measured faster
+    /// ([`LIBRARY_ALLREDUCE_BYTES`]) when the caller leaves the algorithm to pto.
+    fn library_for<T: Reducible>(
+        &self,
+        bytes: usize,
+        algo: Algorithm,
+    ) -> Option<&std::sync::Arc<crate::backend::Library>> {
+        let by_choice = algo == Algorithm::Auto
+            && library_reduces(T::DTYPE)
+            && LIBRARY_ALLREDUCE_BYTES.contains(&bytes);
+        self.w
+            .library()
+            .or_else(|| by_choice.then(|| self.comm().inner.io.library()).flatten())
     }
 
     fn allreduce_mesh<T: Reducible>(
