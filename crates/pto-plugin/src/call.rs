@@ -219,7 +219,8 @@ fn check_rank(rank: u32, size: usize) -> ApiResult<usize> {
 pub(crate) struct KernelCall<'c, 'k> {
     ctx: &'c KernelCtx<'k>,
     comm: Option<&'c CommContext>,
-    views: RefCell<Vec<(u32, bool, RawView<'c>)>>,
+    /// The argument views taken so far (inline: no allocation for a kernel's first few).
+    views: RefCell<smallvec::SmallVec<[(u32, bool, RawView<'c>); 4]>>,
     failed: RefCell<Option<String>>,
     last: RefCell<Option<ApiError>>,
 }
@@ -229,7 +230,7 @@ impl<'c, 'k> KernelCall<'c, 'k> {
         KernelCall {
             ctx,
             comm: ctx.ext::<CommContext>(),
-            views: RefCell::new(Vec::new()),
+            views: RefCell::new(smallvec::SmallVec::new()),
             failed: RefCell::new(None),
             last: RefCell::new(None),
         }
