@@ -61,6 +61,17 @@ impl Replay {
         &mut self.clocks[r]
     }
 
+    /// Records a kernel's access as made anywhere between its task's start (`token`) and now.
+    fn push_task_access(&mut self, a: Access, window: &str, token: u64) {
+        let hi = self.clock(a.rank).clone();
+        let lo = self
+            .starts
+            .get(&token)
+            .cloned()
+            .unwrap_or_else(|| hi.clone());
+        self.push(a, window, lo, hi);
+    }
+
     fn push(&mut self, mut a: Access, window: &str, lo: Clock, hi: Clock) {
         let abs = a.range;
         if let Some((name, off, _)) = self.windows.get(window).and_then(|bs| {
@@ -136,12 +147,6 @@ impl Replay {
                 let Some((window, target)) = self.buffers.get(&(pid, buffer)).cloned() else {
                     return;
                 };
-                let hi = self.clock(rank).clone();
-                let lo = self
-                    .starts
-                    .get(&token)
-                    .cloned()
-                    .unwrap_or_else(|| hi.clone());
                 let a = Access {
                     rank,
                     op: "kernel argument".into(),
@@ -152,7 +157,7 @@ impl Replay {
                     buffer: None,
                     range: (off, off + len),
                 };
-                self.push(a, &window, lo, hi);
+                self.push_task_access(a, &window, token);
             }
             Ev::Span {
                 rank,
@@ -167,12 +172,6 @@ impl Replay {
                 kernel,
                 ..
             } => {
-                let hi = self.clock(rank).clone();
-                let lo = self
-                    .starts
-                    .get(&token)
-                    .cloned()
-                    .unwrap_or_else(|| hi.clone());
                 let a = Access {
                     rank,
                     op,
@@ -183,7 +182,7 @@ impl Replay {
                     buffer: None,
                     range: (off, off + len),
                 };
-                self.push(a, &window, lo, hi);
+                self.push_task_access(a, &window, token);
             }
             Ev::Release { rank, key, .. } => {
                 let mine = self.clock(rank).clone();
