@@ -1005,3 +1005,121 @@ fn probe_fan() {
         all[all.len() / 2]
     );
 }
+
+fn helping_chip() -> Chip {
+    Chip::builder()
+        .aic_cores(1)
+        .aiv_cores(2)
+        .threads(2)
+        .orchestrator_runs_tasks(true)
+        .wait_timeout(Duration::from_secs(10))
+        .stall_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// With `orchestrator_runs_tasks`, the one task of a run runs on the thread that called
+/// `run` (no hand-off to a core thread), and its result is right.
+#[test]
+fn an_orchestrator_that_runs_tasks_runs_a_lone_task_itself() {
+    let mut k = KernelRegistry::new();
+    k.register("where", CoreKind::Aiv, |ctx| {
+        let on_core = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("pto-chip"));
+        ctx.output::<i64>(0)?.fill(if on_core { 1 } else { 2 });
+        Ok(())
+    })
+    .unwrap();
+    let k = Arc::new(k);
+    let (helping, plain) = (helping_chip(), chip());
+    for (c, want) in [(&helping, 2), (&plain, 1)] {
+        let t = Tensor::zeros(&[1], DType::I64).unwrap();
+        let t2 = t.clone();
+        c.run(&Program::new("lone", k.clone(), move |o| {
+            o.submit("where", TaskArgs::new().output_existing(&t2))
+                .map(|_| ())
+        }))
+        .unwrap();
+        assert_eq!(t.read::<i64>().unwrap(), vec![want]);
+    }
+}
+
+/// Chains, fans and failures give the same results when the orchestrating thread runs tasks.
+#[test]
+fn an_orchestrator_that_runs_tasks_keeps_order_results_and_poison() {
+    let chip = helping_chip();
+    for round in 0..20i64 {
+        let cell = Tensor::zeros(&[1], DType::I64).unwrap();
+        let fan = Tensor::zeros(&[16], DType::I64).unwrap();
+        let (c, f) = (cell.clone(), fan.clone());
+        chip.run(&program(move |o| {
+            for _ in 0..50 {
+                o.submit("add_scalar", TaskArgs::new().inout(&c).scalar(2i64))?;
+            }
+            for i in 0..16 {
+                let v = f.view(&[1], &[i])?;
+                o.submit(
+                    "fill",
+                    TaskArgs::new().output_existing(&v).scalar(round + i as i64),
+                )?;
+            }
+            Ok(())
+        }))
+        .unwrap();
+        assert_eq!(cell.read::<i64>().unwrap(), vec![100]);
+        assert_eq!(
+            fan.read::<i64>().unwrap(),
+            (0..16).map(|i| round + i).collect::<Vec<_>>()
+        );
+    }
+    // A failing task held back by the orchestrating thread still poisons its consumer.
+    let t = Tensor::zeros(&[1], DType::I64).unwrap();
+    let t2 = t.clone();
+    let err = chip
+        .run(&program(move |o| {
+            o.submit("refuse", TaskArgs::new().output_existing(&t2))?;
+            o.submit("add_scalar", TaskArgs::new().inout(&t2).scalar(1i64))?;
+            Ok(())
+        }))
+        .unwrap_err();
+    match err {
+        RunError::TaskFailed {
+            failed, poisoned, ..
+        } => assert_eq!((failed, poisoned), (1, 1)),
+        other => panic!("expected a task failure, got {other}"),
+    }
+    // The chip runs the next program.
+    chip.run(&program(|o| o.submit("nop", TaskArgs::new()).map(|_| ())))
+        .unwrap();
+}
+
+/// A task the orchestrating thread held back still runs when the orchestration then blocks
+/// on something outside the engine that the task itself provides (a core thread about to
+/// park queues it): no hang.
+#[test]
+fn a_held_task_runs_while_the_orchestration_waits_outside_the_engine() {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let mut k = KernelRegistry::new();
+    k.register("raise", CoreKind::Aiv, |_| {
+        DONE.store(true, Ordering::Release);
+        Ok(())
+    })
+    .unwrap();
+    let chip = helping_chip();
+    let start = std::time::Instant::now();
+    chip.run(&Program::new("outside", Arc::new(k), |o| {
+        o.submit("raise", TaskArgs::new())?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !DONE.load(Ordering::Acquire) {
+            if std::time::Instant::now() > deadline {
+                return Err(OrchError::msg("the held task never ran"));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        Ok(())
+    }))
+    .unwrap();
+    // Bounded by the longest park of an idle core thread (250 ms), not by a deadline.
+    assert!(start.elapsed() < Duration::from_secs(3));
+}

@@ -245,8 +245,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn parallel_run_matches_sequential_reference(ops in prop::collection::vec(arb_op(), 1..40)) {
+    fn parallel_run_matches_sequential_reference(
+        ops in prop::collection::vec(arb_op(), 1..40),
+        orch_runs in any::<bool>(),
+    ) {
         let chip = Chip::builder()
+            .orchestrator_runs_tasks(orch_runs)
             .aic_cores(2)
             .aiv_cores(4)
             .threads(3)

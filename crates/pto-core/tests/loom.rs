@@ -12,6 +12,7 @@ use loom::sync::atomic::{AtomicU32, AtomicU64};
 use loom::sync::Arc;
 use loom::thread;
 
+use pto_core::engine::held::Held;
 use pto_core::engine::orchwait::OrchWait;
 use pto_core::engine::sleep::Sleep;
 use pto_core::engine::succ::SuccList;
@@ -203,4 +204,36 @@ fn orch_wait_model(by_task: bool) {
 fn the_orchestrating_thread_never_misses_its_wake_up() {
     check("orch wait for a task", Some(3), || orch_wait_model(true));
     check("orch wait for a count", Some(3), || orch_wait_model(false));
+}
+
+/// The orchestrating thread holds task 1, then task 2 (queueing 1), then takes what it holds
+/// at the end of the run; a core thread about to park takes what is held meanwhile. Every
+/// task must be queued or run exactly once.
+#[test]
+fn a_held_task_is_taken_exactly_once() {
+    check("held", None, || {
+        let held = Arc::new(Held::default());
+        let seen: Arc<Vec<AtomicU32>> = Arc::new((0..3).map(|_| AtomicU32::new(0)).collect());
+        let core = {
+            let (held, seen) = (held.clone(), seen.clone());
+            thread::spawn(move || {
+                if let Some(t) = held.take() {
+                    seen[t as usize].fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        for t in [1, 2] {
+            if let Some(prev) = held.put(t) {
+                seen[prev as usize].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if let Some(t) = held.take() {
+            seen[t as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        core.join().unwrap();
+        assert!(!held.is_some());
+        for t in [1, 2] {
+            assert_eq!(seen[t].load(Ordering::Relaxed), 1, "task {t}");
+        }
+    });
 }

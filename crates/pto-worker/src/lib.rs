@@ -183,6 +183,9 @@ impl WorkerBuilder {
             .ring_heap_bytes(16 << 20)
             .ring_allocator(Arc::new(shared::shared_buffer))
             .extension(state.clone())
+            // Host kernels wait for children with deadlines: a run of one chip task needs no
+            // hand-off to a host thread.
+            .orchestrator_runs_tasks(true)
             .build()
         {
             Ok(h) => h,

@@ -41,6 +41,44 @@ pub(crate) fn main(e: &Engine, tid: usize) {
     }
 }
 
+/// The orchestrating thread running ready tasks while it waits for the end of a run (see
+/// `ChipBuilder::orchestrator_runs_tasks`). It counts as the engine's last thread slot.
+#[derive(Debug, Default)]
+pub(crate) struct Helper {
+    rotate: usize,
+    streak: u32,
+    held: Option<crate::kernel::CoreId>,
+}
+
+impl Helper {
+    /// Runs what is ready now (and the consumers it makes ready); false when nothing was.
+    pub(crate) fn run_some(&mut self, e: &Engine) -> bool {
+        let tid = e.threads.len() - 1;
+        let Some(mut job) = e
+            .take_held(&mut self.held)
+            .or_else(|| e.find_work(&mut self.rotate, &mut self.held))
+        else {
+            return false;
+        };
+        loop {
+            match e.run_block(tid, job, &mut self.streak) {
+                Some(next) => job = next,
+                None => {
+                    self.held = Some(job.core);
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Gives back the core it kept.
+    pub(crate) fn stop(&mut self, e: &Engine) {
+        if let Some(c) = self.held.take() {
+            e.cores.release(c);
+        }
+    }
+}
+
 /// Looks for work: spins for the chip's spin time, then parks until notified; returns the job
 /// it found (`None` at shutdown). While deferred tasks wait, one searching thread becomes the
 /// poller: it polls their conditions closely for a while (the latency from "condition holds"
@@ -105,6 +143,9 @@ fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
             || e.has_ready() || e.shutdown.load(Ordering::Acquire),
             timeout,
         );
+        // A task the orchestrating thread held back for longer than this thread searched (it
+        // is busy elsewhere): queue it, so that it runs now.
+        e.flush_held();
     };
     if poller {
         e.polling.store(false, Ordering::Release);

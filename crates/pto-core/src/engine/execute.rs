@@ -160,6 +160,36 @@ impl Engine {
         None
     }
 
+    /// The task the orchestrating thread held back (see `Engine::held`), as a job on a core of
+    /// its kind (`held` if it has that kind, else a free one); queued instead when no such core
+    /// is free.
+    pub(crate) fn take_held(&self, held: &mut Option<CoreId>) -> Option<Job> {
+        let slot = self.held.take()?;
+        // SAFETY: a held task is ready, not finished: its body stays until it finishes.
+        let kind = unsafe { self.body_of(slot) }
+            .kernel
+            .as_ref()
+            .map_or(CoreKind::Aiv, |k| k.kind());
+        let core = match held.take() {
+            Some(c) if c.kind == kind => Some(c),
+            other => {
+                if let Some(c) = other {
+                    self.cores.release(c);
+                }
+                self.cores.claim(kind)
+            }
+        };
+        let Some(core) = core else {
+            self.push_job(slot);
+            return None;
+        };
+        let job = self.claim_block(slot, core);
+        if job.is_none() {
+            self.cores.release(core);
+        }
+        job
+    }
+
     /// Runs one block on thread `tid` and, when it was the task's last, finishes the task.
     /// Returns the block to run next without going through a queue: the next block of a
     /// consumer this completion made ready, on the same core, when it has the same shape.

@@ -18,6 +18,8 @@ pub(crate) mod cores;
 pub(crate) mod deferred;
 pub(crate) mod execute;
 #[doc(hidden)]
+pub mod held;
+#[doc(hidden)]
 pub mod orchwait;
 pub(crate) mod ring;
 pub(crate) mod slab;
@@ -136,6 +138,7 @@ pub(crate) struct Engine {
     pub(crate) cores: Cores,
     pub(crate) sleep: Sleep,
     pub(crate) orch: OrchWait,
+    /// One slot per core thread, then one for the orchestrating thread (when it runs tasks).
     pub(crate) threads: Box<[CachePadded<ThreadSlot>]>,
     /// Tasks finished this run by threads other than the core threads (the orchestrating
     /// thread, for dummy and poisoned tasks); each core thread counts its own in its
@@ -162,6 +165,13 @@ pub(crate) struct Engine {
     pub(crate) ext: Option<Arc<dyn Any + Send + Sync>>,
     pub(crate) spin: Duration,
     pub(crate) wait: Duration,
+    /// When the orchestrating thread runs tasks itself (`ChipBuilder::orchestrator_runs_tasks`),
+    /// the last task it found ready at submit is kept in `held` instead of being queued: it is
+    /// queued (and a thread woken) when the next one comes, when the orchestrating thread is
+    /// about to wait, or when a core thread is about to park; at the end of the run the
+    /// orchestrating thread runs it itself. A run of one task then wakes no thread.
+    pub(crate) hold: bool,
+    pub(crate) held: held::Held,
 }
 
 impl std::fmt::Debug for Engine {
@@ -183,6 +193,8 @@ pub(crate) struct EngineConfig {
     pub(crate) wait: Duration,
     pub(crate) sender: CompletionSender,
     pub(crate) ext: Option<Arc<dyn Any + Send + Sync>>,
+    /// The orchestrating thread keeps the last task it found ready (see [`Engine::held`]).
+    pub(crate) hold: bool,
 }
 
 impl Engine {
@@ -194,7 +206,9 @@ impl Engine {
             cores: Cores::new(cfg.aic, cfg.aiv),
             sleep: Sleep::default(),
             orch: OrchWait::default(),
-            threads: (0..cfg.threads)
+            // One slot per core thread, and the last for the orchestrating thread when it runs
+            // tasks itself.
+            threads: (0..=cfg.threads)
                 .map(|_| CachePadded::new(ThreadSlot::default()))
                 .collect(),
             finished_other: CachePadded::new(AtomicU64::new(0)),
@@ -215,6 +229,8 @@ impl Engine {
             ext: cfg.ext,
             spin: cfg.spin,
             wait: cfg.wait,
+            hold: cfg.hold,
+            held: held::Held::default(),
         }
     }
 
@@ -244,9 +260,29 @@ impl Engine {
         self.orch.poke();
     }
 
-    /// True when some ready queue holds an entry.
+    /// True when some ready queue holds an entry (or a task is held).
     pub(crate) fn has_ready(&self) -> bool {
-        self.queues.iter().any(|q| !q.is_empty())
+        self.queues.iter().any(|q| !q.is_empty()) || self.held.is_some()
+    }
+
+    /// A task the orchestrating thread found ready at submit: held back when the engine holds
+    /// (see [`Engine::held`]), queued otherwise.
+    pub(crate) fn publish(&self, slot: u32) {
+        if !self.hold {
+            self.push_job(slot);
+            return;
+        }
+        self.slab.get(slot).set_state(slab::State::Ready);
+        if let Some(prev) = self.held.put(slot) {
+            self.push_job(prev);
+        }
+    }
+
+    /// Queues the held task, if any (before a wait that its completion may end).
+    pub(crate) fn flush_held(&self) {
+        if let Some(h) = self.held.take() {
+            self.push_job(h);
+        }
     }
 
     /// Queues a ready task (or one more of its blocks) and wakes a thread if none is looking.

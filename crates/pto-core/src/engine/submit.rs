@@ -98,7 +98,7 @@ fn release(e: &Engine, slot: u32, dummy: bool) {
     } else if dummy {
         Finish::Done
     } else {
-        e.push_job(slot);
+        e.publish(slot);
         return;
     };
     if let Some(c) = e.finish(None, slot, how) {

@@ -20,6 +20,7 @@ fn engine(aic: u32, aiv: u32, window: usize) -> Arc<Engine> {
         wait: Duration::from_secs(5),
         sender: crate::deferred::CompletionSender::new(Arc::new(pto_shm::ring::HeapQueue::new(64))),
         ext: None,
+        hold: false,
     }))
 }
 
