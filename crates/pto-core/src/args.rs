@@ -150,8 +150,11 @@ pub(crate) enum TensorArg {
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct TaskArgs {
+    // From a per-thread pool that the orchestrating thread refills after each submit, so that
+    // building a task's arguments allocates nothing in steady state (inline storage would
+    // make every move of the arguments a copy of several hundred bytes).
     pub(crate) tensors: Vec<TensorArg>,
-    pub(crate) scalars: Vec<Scalar>,
+    pub(crate) scalars: SmallVec<[Scalar; 2]>,
     pub(crate) deps: SmallVec<[TaskId; 2]>,
     pub(crate) block_num: u32,
     pub(crate) deferred: bool,
@@ -167,6 +170,9 @@ impl TaskArgs {
     }
 
     fn with(mut self, t: &Tensor, mode: ArgMode) -> TaskArgs {
+        if self.tensors.capacity() == 0 {
+            self.tensors = pool::take();
+        }
         self.tensors.push(TensorArg::Existing(t.clone(), mode));
         self
     }
@@ -208,6 +214,9 @@ impl TaskArgs {
     }
 
     fn output_init(mut self, shape: &[usize], dtype: DType, init: OutInit) -> TaskArgs {
+        if self.tensors.capacity() == 0 {
+            self.tensors = pool::take();
+        }
         self.tensors.push(TensorArg::Create {
             shape: SmallVec::from_slice(shape),
             dtype,
@@ -270,5 +279,43 @@ mod tests {
         let f = Scalar::new(half::bf16::from_f32(1.5));
         assert_eq!(f.get::<half::bf16>(), Some(half::bf16::from_f32(1.5)));
         assert_eq!(Scalar::new(2.5f64).get::<f64>(), Some(2.5));
+    }
+}
+
+/// Recycled argument vectors (see [`TaskArgs`]): each thread keeps a few.
+pub(crate) mod pool {
+    use std::cell::RefCell;
+
+    use super::TensorArg;
+
+    /// Vectors kept per thread.
+    const KEEP: usize = 32;
+    /// Larger vectors are freed rather than kept.
+    const MAX_CAPACITY: usize = 16;
+
+    thread_local! {
+        static POOL: RefCell<Vec<Vec<TensorArg>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// An empty vector, recycled when one is at hand.
+    pub(crate) fn take() -> Vec<TensorArg> {
+        POOL.try_with(|p| p.borrow_mut().pop())
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| Vec::with_capacity(4))
+    }
+
+    /// Gives an emptied vector back.
+    pub(crate) fn give(mut v: Vec<TensorArg>) {
+        v.clear();
+        if v.capacity() == 0 || v.capacity() > MAX_CAPACITY {
+            return;
+        }
+        let _ = POOL.try_with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() < KEEP {
+                p.push(v);
+            }
+        });
     }
 }

@@ -104,8 +104,9 @@ impl<'a> Orch<'a> {
         args: TaskArgs,
     ) -> Result<Submitted, OrchError> {
         let plan = self.state.plan(kernel, args)?;
-        let start = Instant::now();
-        let deadline = start + self.wait;
+        // The clock is read only once the ring is full (a clock read per task costs more than
+        // the rest of a submit's bookkeeping on some virtual machines).
+        let mut started: Option<(Instant, Instant)> = None;
         loop {
             match self.state.place(&plan) {
                 Ok(at) => {
@@ -114,6 +115,10 @@ impl<'a> Orch<'a> {
                 }
                 Err(Blocked::Never(e)) => return Err(e),
                 Err(Blocked::Wait(what)) => {
+                    let (start, deadline) = *started.get_or_insert_with(|| {
+                        let now = Instant::now();
+                        (now, now + self.wait)
+                    });
                     let Some(left) = remaining(deadline) else {
                         return Err(OrchError::FlowControlTimeout {
                             ring: plan.ring(),

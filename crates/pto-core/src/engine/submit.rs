@@ -114,6 +114,8 @@ pub(crate) struct Orchestrator {
     tmap: TensorMap,
     rings: Vec<Ring>,
     scopes: Vec<Scope>,
+    /// Emptied task lists of ended scopes, reused by the next ones.
+    spare_scopes: Vec<Vec<TaskRef>>,
     retired_failed: FxHashMap<u64, u64>,
     aux: Vec<Aux>,
     free: Vec<u32>,
@@ -146,6 +148,7 @@ impl Orchestrator {
                 manual: false,
                 tasks: Vec::new(),
             }],
+            spare_scopes: Vec::new(),
             retired_failed: FxHashMap::default(),
             aux: Vec::new(),
             free,
@@ -174,20 +177,18 @@ impl Orchestrator {
         if !manual && self.manual() {
             return Err(OrchError::AutoInsideManual);
         }
-        self.scopes.push(Scope {
-            manual,
-            tasks: Vec::new(),
-        });
+        let tasks = self.spare_scopes.pop().unwrap_or_default();
+        self.scopes.push(Scope { manual, tasks });
         Ok(())
     }
 
     /// Ends the innermost scope (the implicit outer one too, at the end of a run): its tasks
     /// stop pinning their rings.
     pub(crate) fn end_scope(&mut self) {
-        let Some(scope) = self.scopes.pop() else {
+        let Some(mut scope) = self.scopes.pop() else {
             return;
         };
-        for t in scope.tasks {
+        for t in scope.tasks.drain(..) {
             if let Some(a) = self.aux.get_mut(t.slot as usize) {
                 a.scope_open = false;
             }
@@ -196,6 +197,10 @@ impl Orchestrator {
                 .get(t.slot)
                 .refs
                 .fetch_sub(1, Ordering::AcqRel);
+        }
+        // Kept for the next scope: opening and closing scopes allocates nothing.
+        if self.spare_scopes.len() < 16 {
+            self.spare_scopes.push(scope.tasks);
         }
         self.reclaim();
     }
@@ -420,7 +425,8 @@ impl Orchestrator {
         let mut explicit: SmallVec<[u64; 2]> = args.deps.iter().map(|d| d.0).collect();
         let mut keys = SmallVec::new();
         let mut outs = out_offsets.iter();
-        for (i, a) in args.tensors.into_iter().enumerate() {
+        let mut tensors = args.tensors;
+        for (i, a) in tensors.drain(..).enumerate() {
             match a {
                 TensorArg::Existing(t, mode) => {
                     let tracked = !manual && mode != ArgMode::NoDep;
@@ -471,6 +477,7 @@ impl Orchestrator {
                 }
             }
         }
+        crate::args::pool::give(tensors);
         // Explicit dependencies and producers of runtime outputs name tasks by id: find their
         // nodes among the live ones (the TensorMap knows tasks by node). `root` is `1 + id` of
         // a failed task that poisons this one, or 0.
