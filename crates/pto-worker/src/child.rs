@@ -302,10 +302,12 @@ fn bring_up(
 pub(crate) fn child_main(
     spec: &Spec,
     world: Option<&ShmWorld>,
-    mailbox: &Mailbox,
+    lanes: &[Mailbox],
     role: Role,
     parent: u32,
 ) -> ! {
+    // The first lane carries the bootstrap record; frames come on every lane in turn.
+    let mailbox = &lanes[0];
     let _ = pto_shm::process::die_with_parent(parent);
     let cache = SegmentCache::default();
     let mut inner = None;
@@ -348,11 +350,12 @@ pub(crate) fn child_main(
             None
         }
     };
-    loop {
-        match mailbox.next_frame(parent) {
+    for n in 0u64.. {
+        let lane = crate::pipe::lane_of(lanes, n + 1);
+        match lane.next_frame(parent) {
             Ok(Some((ident, Ok(bytes)))) => {
                 let out = serve(spec, state.as_ref(), inner.as_deref(), &cache, &bytes);
-                mailbox.reply(ident, &out.encode(RESULT_CAP));
+                lane.reply(ident, &out.encode(RESULT_CAP));
             }
             Ok(Some((ident, Err(e)))) => {
                 let out = Outcome {
@@ -361,7 +364,7 @@ pub(crate) fn child_main(
                     message: e.to_string(),
                     trace: String::new(),
                 };
-                mailbox.reply(ident, &out.encode(RESULT_CAP));
+                lane.reply(ident, &out.encode(RESULT_CAP));
             }
             Ok(None) | Err(_) => break,
         }

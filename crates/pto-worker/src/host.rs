@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 use pto_shm::process::{ProcessId, Reaped};
 
 use crate::failure::{ChildExit, ChildFailure, FailKind};
-use crate::frame::Outcome;
-use crate::mailbox::{Ident, Mailbox};
+use crate::mailbox::Mailbox;
+use crate::pipe::Pipe;
 use crate::spec::{ExitHook, Spec};
 
 /// Extra time the host gives a child past the wait deadline, so that a child's own deadline
@@ -22,9 +22,14 @@ pub(crate) const GRACE: Duration = Duration::from_millis(300);
 pub(crate) struct ChildHandle {
     pub(crate) who: String,
     pub(crate) pid: ProcessId,
-    pub(crate) mailbox: Mailbox,
-    /// Held while a task runs on this child; counts frames sent.
-    pub(crate) generation: Mutex<u64>,
+    /// Its mailbox lanes (the first also carries the bootstrap record); see [`crate::pipe`].
+    pub(crate) lanes: Vec<Mailbox>,
+    /// Its frames in flight.
+    pub(crate) pipe: Mutex<Pipe>,
+    /// The generation of the last result taken (or failed), for lock-free polls.
+    pub(crate) taken: AtomicU64,
+    /// Lock-free polls so far (one in [`crate::pipe`]'s `LOOK_POLLS` looks after the child).
+    pub(crate) polls: std::sync::atomic::AtomicU32,
     /// How it ended, once it is reaped.
     exit: Mutex<Option<ChildExit>>,
     /// True once the Worker itself killed it (after recording why): its death is then no news.
@@ -33,14 +38,16 @@ pub(crate) struct ChildHandle {
 
 impl ChildHandle {
     /// A forked child; registered to be killed if a signal ends this process.
-    pub(crate) fn new(who: String, pid: ProcessId, mailbox: Mailbox) -> ChildHandle {
+    pub(crate) fn new(who: String, pid: ProcessId, lanes: Vec<Mailbox>) -> ChildHandle {
         pto_shm::cleanup::register_child(pid.pid);
         tracing::debug!(child = who, pid = pid.pid, "child forked");
         ChildHandle {
             who,
             pid,
-            mailbox,
-            generation: Mutex::new(0),
+            lanes,
+            pipe: Mutex::new(Pipe::new()),
+            taken: AtomicU64::new(0),
+            polls: std::sync::atomic::AtomicU32::new(0),
             exit: Mutex::new(None),
             killed: std::sync::atomic::AtomicBool::new(false),
         }
@@ -63,6 +70,18 @@ impl ChildHandle {
             });
         }
         *e
+    }
+
+    /// The lane that carries the bootstrap record.
+    pub(crate) fn boot_lane(&self) -> &Mailbox {
+        &self.lanes[0]
+    }
+
+    /// Asks the child to leave, on every lane (it waits on one of them).
+    pub(crate) fn shutdown(&self) {
+        for l in &self.lanes {
+            l.shutdown();
+        }
     }
 
     pub(crate) fn running(&self) -> bool {
@@ -130,11 +149,13 @@ pub(crate) struct HostState {
     pub(crate) tracing: AtomicBool,
     /// Where the chips' deaths are published for their peers (when they communicate).
     pub(crate) deaths: Option<pto_comm::shm::Deaths>,
+    /// Itself, for the conditions of deferred host tasks (they outlive a kernel's borrow).
+    pub(crate) me: std::sync::Weak<HostState>,
 }
 
 /// What a child's result status means: 0 success, 1 its task failed, 2 the frame or the child
 /// was bad, 3 its task failed because of another child, 4 a wait on the others ran out.
-fn kind_of(status: u32) -> FailKind {
+pub(crate) fn kind_of(status: u32) -> FailKind {
     match status {
         3 => FailKind::Consequence,
         4 => FailKind::TimedOut,
@@ -149,8 +170,8 @@ impl HostState {
         spec: &Spec,
         on_exit: Option<Arc<ExitHook>>,
         deaths: Option<pto_comm::shm::Deaths>,
-    ) -> HostState {
-        HostState {
+    ) -> Arc<HostState> {
+        Arc::new_cyclic(|me| HostState {
             children,
             chips: spec.chips,
             subs: spec.subs,
@@ -165,7 +186,8 @@ impl HostState {
             traces: Mutex::new(Vec::new()),
             tracing: AtomicBool::new(false),
             deaths,
-        }
+            me: me.clone(),
+        })
     }
 
     /// Keeps a failure; a child that is gone or lost makes the Worker unusable.
@@ -177,96 +199,5 @@ impl HostState {
             self.broken.lock().get_or_insert_with(|| f.to_string());
         }
         self.failures.lock().push(f);
-    }
-
-    /// Sends one frame to one child and waits for its result.
-    pub(crate) fn send(&self, child: usize, task: u64, frame: &[u8]) -> Result<Outcome, String> {
-        let c = &self.children[child];
-        let mut gen = c.generation.lock();
-        *gen += 1;
-        let ident = Ident {
-            run: self.run.load(Ordering::Relaxed),
-            task,
-            generation: *gen,
-        };
-        c.mailbox.send(ident, frame).map_err(|e| e.to_string())?;
-        self.collect(task, &[(child, ident)])
-            .pop()
-            .unwrap_or_else(|| Err("no result".into()))
-    }
-
-    /// Waits for the results of frames already sent to `members`, all at once: a member that
-    /// fails, dies or stops answering is noticed while the others are still awaited. Every
-    /// failure is recorded (with the time it was seen); the results come back in member order.
-    pub(crate) fn collect(
-        &self,
-        task: u64,
-        members: &[(usize, Ident)],
-    ) -> Vec<Result<Outcome, String>> {
-        let start = Instant::now();
-        let deadline = start + self.timeout + GRACE;
-        let mut out: Vec<Option<Result<Outcome, String>>> = vec![None; members.len()];
-        let mut pending: Vec<usize> = (0..members.len()).collect();
-        while let Some(&first) = pending.first() {
-            let c = &self.children[members[first].0];
-            // Park on the first pending member; between slices, look at all of them.
-            let _ = c.mailbox.wait_ready(deadline, || {
-                let changed = pending.iter().any(|&k| {
-                    let ch = &self.children[members[k].0];
-                    ch.mailbox.result_ready() || !ch.running()
-                });
-                if changed {
-                    Err(())
-                } else {
-                    Ok(())
-                }
-            });
-            let past = Instant::now() >= deadline;
-            pending.retain(|&k| {
-                let (ci, ident) = members[k];
-                let ch = &self.children[ci];
-                let r = if ch.mailbox.result_ready() {
-                    let r = ch
-                        .mailbox
-                        .take_result(ident, &ch.who)
-                        .map_err(|e| e.to_string())
-                        .and_then(|b| Outcome::decode(&b).map_err(|e| format!("{}: {e}", ch.who)));
-                    match &r {
-                        Ok(o) if o.status != 0 => {
-                            self.note_failure(ch.failure(ci, kind_of(o.status), o.message.clone()))
-                        }
-                        Ok(o) if !o.trace.is_empty() => self.traces.lock().push(o.trace.clone()),
-                        Ok(_) => {}
-                        Err(e) => self.note_failure(ch.failure(ci, FailKind::Task, e.clone())),
-                    }
-                    r
-                } else if let Some(e) = ch.exit() {
-                    let f = ch.failure(
-                        ci,
-                        FailKind::Died(e),
-                        format!("while running host task {task}"),
-                    );
-                    let m = f.to_string();
-                    self.note_failure(f);
-                    Err(m)
-                } else if past {
-                    let f = ch.silence(ci, start.elapsed(), &format!("host task {task}"));
-                    let m = f.to_string();
-                    // Recorded before the kill, so that the death it causes is no news.
-                    self.note_failure(f);
-                    // It cannot be trusted with another frame: stop it (a stopped process
-                    // takes SIGKILL too).
-                    ch.kill();
-                    Err(m)
-                } else {
-                    return true;
-                };
-                out[k] = Some(r);
-                false
-            });
-        }
-        out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err("no result".into())))
-            .collect()
     }
 }

@@ -68,6 +68,7 @@ pub mod frame;
 mod host;
 pub mod mailbox;
 mod orch;
+mod pipe;
 pub mod shared;
 mod spec;
 mod supervise;
@@ -76,7 +77,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pto_comm::check::{CheckReport, Checker};
 use pto_comm::shm::ShmWorld;
@@ -84,7 +85,7 @@ use pto_core::{Chip, DType, KernelRegistry, OrchError, Program, RunOptions, RunR
 
 use frame::Outcome;
 use host::HostState;
-use mailbox::{BootFacts, Ident};
+use mailbox::BootFacts;
 use spec::{Nested, Spec};
 use supervise::reap_all;
 
@@ -174,7 +175,7 @@ impl WorkerBuilder {
         let up = supervise::start(&spec)?;
         let total = up.children.len();
         let deaths = up.world.as_ref().map(ShmWorld::supervise);
-        let state = Arc::new(HostState::new(up.children, &spec, on_exit, deaths));
+        let state = HostState::new(up.children, &spec, on_exit, deaths);
         let host = match Chip::builder()
             .chip_id(u32::MAX)
             .aic_cores(0)
@@ -406,22 +407,27 @@ impl Worker {
             .children
             .get(chip)
             .ok_or_else(|| WorkerError::Args(format!("no child {chip}")))?;
-        let mut g = c.generation.lock();
-        *g += 1;
-        let ident = Ident {
-            run: u64::MAX,
-            task: u64::MAX,
-            generation: *g,
+        let t = {
+            let mut p = c.pipe.lock();
+            self.state
+                .post_locked(chip, &mut p, u64::MAX, |lane, ident| {
+                    lane.inject_garbage(ident, bytes, claimed_len);
+                    Ok(())
+                })
+                .map_err(WorkerError::Corrupt)?
         };
-        c.mailbox.inject_garbage(ident, bytes, claimed_len);
-        let b = c.mailbox.wait_result(
-            ident,
-            c.pid.pid,
-            &c.who,
-            Instant::now() + self.spec.timeout,
-            || c.running(),
-        )?;
-        Outcome::decode(&b).map_err(|e| WorkerError::Corrupt(e.to_string()))
+        self.state
+            .wait(&[t])
+            .pop()
+            .unwrap_or_else(|| Err("no result".into()))
+            .map_err(WorkerError::Corrupt)
+    }
+
+    /// Test hook: the most frames child `i` ever had in flight at once (queued behind the one
+    /// it runs; at most its number of mailbox lanes).
+    #[doc(hidden)]
+    pub fn debug_peak_in_flight(&self, i: usize) -> Option<usize> {
+        self.state.children.get(i).map(|c| c.pipe.lock().peak)
     }
 
     /// The pid of chip or sub-worker `i` (chips first).
@@ -443,7 +449,7 @@ impl Worker {
             .lock()
             .get_or_insert_with(|| why.to_string());
         for c in &self.state.children {
-            c.mailbox.shutdown();
+            c.shutdown();
             c.kill();
         }
     }

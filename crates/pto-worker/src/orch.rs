@@ -13,7 +13,7 @@ use pto_core::{
 
 use crate::frame::{Frame, FrameKind, Outcome, TensorDesc};
 use crate::host::HostState;
-use crate::mailbox::Ident;
+use crate::pipe::Ticket;
 use crate::spec::Spec;
 
 /// The host orchestration API: submit chip programs, groups of chips, sub-worker closures and
@@ -68,7 +68,9 @@ impl<'a> HostOrch<'_, 'a> {
         args: TaskArgs,
     ) -> Result<Submitted, OrchError> {
         let (p, c) = (self.program(program)?, self.chip_index(chip)?);
-        self.orch.submit("chip", args.scalar(p).scalar(c))
+        // Completes when the chip's result is in (see `crate::pipe`): no host thread waits.
+        self.orch
+            .submit("chip", args.scalar(p).scalar(c).deferred())
     }
 
     /// Runs `program` on every chip of `chips` at the same time (what a collective needs): no
@@ -225,10 +227,22 @@ pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> 
             trace: st.tracing.load(Ordering::Relaxed),
         }
         .encode();
-        check(
-            st.send(chip, ctx.task().get(), &frame),
-            &st.children[chip].who,
-            ctx,
+        let task = ctx.task().get();
+        let ticket = st.post(chip, task, &frame).map_err(|e| {
+            KernelError::msg(format!("{}: host task {task}: {e}", st.children[chip].who))
+        })?;
+        let me = st
+            .me
+            .upgrade()
+            .ok_or_else(|| KernelError::msg("the Worker is gone"))?;
+        // The condition fails on its own when the child is lost or silent (the pipe's
+        // deadlines); the engine's deadline is only a backstop past every frame ahead of it.
+        let backstop = (st.timeout + crate::host::GRACE)
+            .saturating_mul(st.children[chip].lanes.len() as u32 + 1)
+            + std::time::Duration::from_secs(1);
+        ctx.defer_until(
+            ChipResult { st: me, ticket },
+            std::time::Instant::now() + backstop,
         )
     })?;
     // Routing scalars: [.., program, n, chip_0 .. chip_n-1].
@@ -252,32 +266,30 @@ pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> 
             trace: st.tracing.load(Ordering::Relaxed),
         }
         .encode();
-        // Take every member's lock in one order (no two groups can deadlock), publish all
-        // frames, then collect every result.
+        // Take every member's lock in one order (no two groups can deadlock) and queue the
+        // frame on every member at once (every member sees groups in the same order), then
+        // collect every result.
         members.sort_unstable();
-        let mut guards: Vec<_> = members
-            .iter()
-            .map(|&m| st.children[m].generation.lock())
-            .collect();
-        let run = st.run.load(Ordering::Relaxed);
-        let mut idents = Vec::with_capacity(members.len());
-        for (g, &m) in guards.iter_mut().zip(&members) {
-            **g += 1;
-            let ident = Ident {
-                run,
-                task: ctx.task().get(),
-                generation: **g,
-            };
-            st.children[m]
-                .mailbox
-                .send(ident, &frame)
-                .map_err(|e| KernelError::msg(e.to_string()))?;
-            idents.push((m, ident));
-        }
-        let results = st.collect(ctx.task().get(), &idents);
-        drop(guards);
+        let task = ctx.task().get();
+        let tickets = {
+            let mut guards: Vec<_> = members
+                .iter()
+                .map(|&m| st.children[m].pipe.lock())
+                .collect();
+            let mut tickets = Vec::with_capacity(members.len());
+            for (g, &m) in guards.iter_mut().zip(&members) {
+                tickets.push(
+                    st.post_locked(m, g, task, |lane, ident| {
+                        lane.send(ident, &frame).map_err(|e| e.to_string())
+                    })
+                    .map_err(KernelError::msg)?,
+                );
+            }
+            tickets
+        };
+        let results = st.wait(&tickets);
         let mut first_err = None;
-        for ((m, _), r) in idents.iter().zip(results) {
+        for (m, r) in members.iter().zip(results) {
             let who = &st.children[*m].who;
             match r {
                 Ok(o) if o.status == 0 => {}
@@ -314,7 +326,7 @@ pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> 
         let pick = subs
             .iter()
             .copied()
-            .find(|&s| st.children[s].generation.try_lock().is_some())
+            .find(|&s| st.children[s].pipe.try_lock().is_some_and(|p| p.idle()))
             .unwrap_or(subs[ctx.task().get() as usize % subs.len()]);
         check(
             st.send(pick, ctx.task().get(), &frame),
@@ -345,6 +357,31 @@ pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> 
         )
     })?;
     Ok(k)
+}
+
+/// A chip task's completion: its result came back (or the chip was lost).
+struct ChipResult {
+    st: std::sync::Arc<HostState>,
+    ticket: Ticket,
+}
+
+impl pto_core::Condition for ChipResult {
+    fn poll(&self) -> pto_core::Poll {
+        let who = || &self.st.children[self.ticket.child].who;
+        match self.st.poll(&self.ticket, false) {
+            None => pto_core::Poll::Pending,
+            Some(Ok(o)) if o.status == 0 => pto_core::Poll::Ready,
+            Some(Ok(o)) => pto_core::Poll::Failed(format!("{}: {}", who(), o.message)),
+            Some(Err(e)) => pto_core::Poll::Failed(e),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{}'s answer to host task {}",
+            self.st.children[self.ticket.child].who, self.ticket.ident.task
+        )
+    }
 }
 
 fn host<'a>(ctx: &'a KernelCtx<'_>) -> Result<&'a HostState, KernelError> {

@@ -52,12 +52,16 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
     // their deaths in the world: the chips' waits need no /proc reads, from the first fork on.
     let deaths = world.as_ref().map(ShmWorld::supervise);
     let total = spec.chips + spec.subs + spec.workers.len();
-    let boxes = Mailbox::create_set("mb", total)?;
+    let lanes = crate::pipe::lanes_for(total);
+    let boxes = Mailbox::create_set("mb", total.saturating_mul(lanes))?;
     let parent = std::process::id();
     let mut children: Vec<ChildHandle> = Vec::with_capacity(total);
     let mut boxes = boxes.into_iter();
     for i in 0..total {
-        let Some(mb) = boxes.next() else { break };
+        let mb: Vec<Mailbox> = boxes.by_ref().take(lanes).collect();
+        if mb.len() < lanes {
+            break;
+        }
         let role = if i < spec.chips {
             child::Role::Chip(i)
         } else if i < spec.chips + spec.subs {
@@ -138,7 +142,7 @@ fn bring_up(
                     d.ended(i, c.pid.pid);
                 }
             }
-            match c.mailbox.boot_result() {
+            match c.boot_lane().boot_result() {
                 Ok(Some(f)) => facts[i] = Some(f),
                 Err(message) => {
                     // A chip whose bring-up failed because of another says so first.
@@ -272,7 +276,7 @@ pub(crate) fn spawn_watcher(state: Arc<HostState>) -> std::io::Result<std::threa
 /// Asks every child to leave, waits up to `grace`, then kills and reaps the rest.
 pub(crate) fn reap_all(children: &[ChildHandle], grace: Duration) {
     for c in children {
-        c.mailbox.shutdown();
+        c.shutdown();
     }
     let deadline = Instant::now() + grace;
     for c in children {

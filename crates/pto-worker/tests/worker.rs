@@ -313,6 +313,114 @@ fn a_killed_chip_is_reported_and_the_worker_says_it_is_unusable() -> Result<(), 
     no_residue()
 }
 
+/// Independent chip tasks queue on their chips (several frames in flight per chip, each chip
+/// serving them in order) and every result arrives: each output is checked.
+fn chip_tasks_queue_on_their_chips_and_every_result_arrives() -> Result<(), Failed> {
+    let w = builder(2).init()?;
+    let n = 48;
+    let mut io = Vec::new();
+    for i in 0..n {
+        let (a, b, out) = (
+            w.tensor(&[4], DType::F32)?,
+            w.tensor(&[4], DType::F32)?,
+            w.tensor(&[4], DType::F32)?,
+        );
+        a.write(&[i as f32; 4])?;
+        b.write(&[1.0f32, 2.0, 3.0, 4.0])?;
+        io.push((a, b, out));
+    }
+    let args: Vec<_> = io.clone();
+    for _ in 0..3 {
+        let args = args.clone();
+        w.run(move |h| {
+            for (i, (a, b, out)) in args.iter().enumerate() {
+                h.submit_chip(
+                    i % 2,
+                    "add",
+                    TaskArgs::new().input(a).input(b).output_existing(out),
+                )?;
+            }
+            Ok(())
+        })?;
+    }
+    for (i, (_, _, out)) in io.iter().enumerate() {
+        let f = i as f32;
+        assert_eq!(
+            out.read::<f32>()?,
+            vec![f + 1.0, f + 2.0, f + 3.0, f + 4.0],
+            "task {i}"
+        );
+    }
+    let peak = w.debug_peak_in_flight(0).unwrap();
+    assert!(peak > 1, "chip 0 never had a frame queued (peak {peak})");
+    drop((io, args));
+    w.close();
+    no_residue()
+}
+
+/// A chip killed with several frames queued behind the one it runs: every one of them fails,
+/// at once, naming the chip and the signal; nothing hangs.
+fn a_chip_killed_with_frames_queued_fails_them_all() -> Result<(), Failed> {
+    let w = builder(2).init()?;
+    let pid = w.child_pid(1).unwrap();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        pto_shm::process::kill(pid);
+    });
+    let t = Instant::now();
+    let err = w
+        .run(|h| {
+            for _ in 0..5 {
+                h.submit_chip(1, "sleep", TaskArgs::new())?;
+            }
+            Ok(())
+        })
+        .unwrap_err();
+    killer.join().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        err.to_string().contains("chip 1")
+            && err.to_string().contains("killed by signal 9 (SIGKILL)"),
+        "{err}"
+    );
+    assert!(w.debug_peak_in_flight(1).unwrap() > 1);
+    let again = w.run(|_| Ok(())).unwrap_err();
+    assert!(matches!(again, WorkerError::Broken(_)), "{again}");
+    w.close();
+    no_residue()
+}
+
+/// A chip silent past the Worker's timeout with frames queued: it is named, stopped, and every
+/// queued task fails within about the timeout (not the timeout once per queued frame).
+fn a_silent_chip_with_frames_queued_is_stopped_after_one_timeout() -> Result<(), Failed> {
+    let w = builder(2).timeout(Duration::from_secs(1)).init()?;
+    let t = Instant::now();
+    let err = w
+        .run(|h| {
+            for _ in 0..4 {
+                h.submit_chip(0, "sleep", TaskArgs::new())?;
+            }
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        t.elapsed()
+    );
+    let report = err.failures().ok_or("no per-chip report")?;
+    assert_eq!(report.root.who, "chip 0");
+    assert_eq!(report.root.kind, pto_worker::FailKind::NoAnswer, "{err}");
+    let again = w.run(|_| Ok(())).unwrap_err();
+    assert!(matches!(again, WorkerError::Broken(_)), "{again}");
+    w.close();
+    no_residue()
+}
+
 fn corrupt_frames_are_errors_not_crashes() -> Result<(), Failed> {
     let w = builder(1).init()?;
     let out = w.debug_send_raw(0, b"garbage!", 8)?;
@@ -706,6 +814,18 @@ fn main() {
         Trial::test(
             "a_killed_chip_is_reported_and_the_worker_says_it_is_unusable",
             a_killed_chip_is_reported_and_the_worker_says_it_is_unusable,
+        ),
+        Trial::test(
+            "chip_tasks_queue_on_their_chips_and_every_result_arrives",
+            chip_tasks_queue_on_their_chips_and_every_result_arrives,
+        ),
+        Trial::test(
+            "a_chip_killed_with_frames_queued_fails_them_all",
+            a_chip_killed_with_frames_queued_fails_them_all,
+        ),
+        Trial::test(
+            "a_silent_chip_with_frames_queued_is_stopped_after_one_timeout",
+            a_silent_chip_with_frames_queued_is_stopped_after_one_timeout,
         ),
         Trial::test(
             "corrupt_frames_are_errors_not_crashes",

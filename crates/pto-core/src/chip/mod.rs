@@ -519,7 +519,7 @@ impl Chip {
                 return None;
             }
             if let Some(h) = helper.as_mut() {
-                if h.run_some(e) {
+                if h.run_some(e) || h.poll(e) {
                     continue;
                 }
             }
@@ -540,12 +540,19 @@ impl Chip {
             }
             // Spin briefly (the last blocks are often about to finish: a futex wake-up costs
             // more than they do), then park until the last completion (or a stall check).
-            if start.elapsed() < self.cfg.spin {
+            let polling = helper.as_mut().is_some_and(|h| h.polling_closely(e));
+            if start.elapsed() < self.cfg.spin || polling {
                 std::hint::spin_loop();
                 std::thread::yield_now();
                 continue;
             }
-            orch::park_until(e, total, Duration::from_millis(100).min(stall));
+            // While deferred tasks wait, their conditions wake no one: nap briefly.
+            let nap = if e.has_waiting.load(Ordering::Acquire) {
+                worker::DEFERRED_NAP_MAX
+            } else {
+                Duration::from_millis(100)
+            };
+            orch::park_until(e, total, nap.min(stall));
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::engine::{decode_current, Engine};
 /// How long the polling thread polls waiting deferred tasks closely before it naps.
 const DEFERRED_POLL: Duration = Duration::from_millis(1);
 /// Longest nap of the polling thread while deferred tasks wait (their conditions wake no one).
-const DEFERRED_NAP_MAX: Duration = Duration::from_millis(1);
+pub(crate) const DEFERRED_NAP_MAX: Duration = Duration::from_millis(1);
 /// Longest park of the other idle threads while deferred tasks wait: one of them takes over
 /// polling if the polling thread is busy running a kernel.
 const DEFERRED_PARK: Duration = Duration::from_millis(2);
@@ -48,6 +48,10 @@ pub(crate) struct Helper {
     rotate: usize,
     streak: u32,
     held: Option<crate::kernel::CoreId>,
+    /// True while it is the engine's polling thread (deferred tasks wait).
+    poller: bool,
+    /// When its polling last settled a deferred task (or began).
+    polled: Option<Instant>,
 }
 
 impl Helper {
@@ -71,10 +75,46 @@ impl Helper {
         }
     }
 
-    /// Gives back the core it kept.
+    /// While deferred tasks wait and no core thread polls them, becomes the polling thread
+    /// and polls them once; true when that settled anything.
+    pub(crate) fn poll(&mut self, e: &Engine) -> bool {
+        if !e.has_waiting.load(Ordering::Acquire) {
+            return false;
+        }
+        if !self.poller {
+            self.poller = e
+                .polling
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+            self.polled = Some(Instant::now());
+        }
+        if self.poller && e.poll_async(Some(e.threads.len() - 1)) {
+            self.polled = Some(Instant::now());
+            return true;
+        }
+        false
+    }
+
+    /// True while it should poll closely rather than park: it is the polling thread and a
+    /// deferred task settled within the last [`DEFERRED_POLL`].
+    pub(crate) fn polling_closely(&mut self, e: &Engine) -> bool {
+        if self.poller && !e.has_waiting.load(Ordering::Acquire) {
+            // Nothing to poll: the role goes back before a park.
+            self.poller = false;
+            e.polling.store(false, Ordering::Release);
+        }
+        self.poller
+            && e.has_waiting.load(Ordering::Acquire)
+            && self.polled.is_some_and(|t| t.elapsed() < DEFERRED_POLL)
+    }
+
+    /// Gives back the core it kept, and the polling role.
     pub(crate) fn stop(&mut self, e: &Engine) {
         if let Some(c) = self.held.take() {
             e.cores.release(c);
+        }
+        if std::mem::take(&mut self.poller) {
+            e.polling.store(false, Ordering::Release);
         }
     }
 }
@@ -132,6 +172,11 @@ fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
             }
         }
         let timeout = if !e.has_waiting.load(Ordering::Acquire) {
+            // Nothing to poll: give the role up before a long park, or a task deferred
+            // meanwhile would wait for this park to end.
+            if std::mem::take(&mut poller) {
+                e.polling.store(false, Ordering::Release);
+            }
             IDLE_PARK
         } else if poller {
             naps = (naps + 1).min(20);

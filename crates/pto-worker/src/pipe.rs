@@ -1,0 +1,276 @@
+//! A child's frames in flight. Each child has a few mailbox *lanes*; the host sends frame `g`
+//! (generations count from 1) into lane `(g - 1) % lanes` and the child serves the lanes in
+//! the same order, so it finds its next frame waiting while it runs one: a chip drains a queue
+//! of chip tasks back to back, and no host thread waits per chip task (the host's `chip` task
+//! completes later, through a deferred-completion condition that polls its [`Ticket`]).
+//!
+//! Results are taken in generation order by whichever host thread looks first (a condition's
+//! poll, a blocking wait, a send that needs a free lane) and kept until their ticket asks. A
+//! lane is written again only after its result was taken. Deadlines run from the moment a frame
+//! becomes the oldest in flight: a child is silent when its oldest frame gets no answer for the
+//! Worker's timeout (plus a grace), whatever waits behind it. See `docs/design/worker.md`.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::failure::FailKind;
+use crate::frame::Outcome;
+use crate::host::{kind_of, HostState, GRACE};
+use crate::mailbox::{Ident, Mailbox};
+
+/// How often a wait for results looks whether the child is still alive (a `waitpid`) and
+/// whether its oldest frame is past its deadline.
+const LOOK_EVERY: Duration = Duration::from_millis(1);
+/// One in this many lock-free polls of a deferred chip task goes on to look after the child.
+const LOOK_POLLS: u32 = 64;
+/// Longest park of a blocking wait before it looks again.
+const PARK: Duration = Duration::from_millis(2);
+
+/// Lanes per child: eight (a chip runs up to eight tasks back to back), fewer when there are
+/// many children (each lane is a mailbox slot of [`crate::mailbox::SLOT`] bytes of shared
+/// memory; from 256 children on, one lane each, as before lanes existed).
+pub(crate) fn lanes_for(children: usize) -> usize {
+    (256 / children.max(1)).clamp(1, 8)
+}
+
+/// The in-flight state of one child (under its lock).
+#[derive(Debug)]
+pub(crate) struct Pipe {
+    /// Frames sent (the generation of the last one).
+    pub(crate) sent: u64,
+    /// Frames sent whose results were not taken yet, oldest first.
+    inflight: VecDeque<Ident>,
+    /// Since when the oldest frame in flight has been the oldest.
+    head_since: Instant,
+    last_look: Instant,
+    /// Results taken and not yet asked for, by generation.
+    done: Vec<(u64, Result<Outcome, String>)>,
+    /// Set once the child died or was killed: every frame in flight, and every later send,
+    /// fails with this.
+    lost: Option<String>,
+    /// Most frames ever in flight at once (for tests).
+    pub(crate) peak: usize,
+}
+
+impl Pipe {
+    pub(crate) fn new() -> Pipe {
+        let now = Instant::now();
+        Pipe {
+            sent: 0,
+            inflight: VecDeque::new(),
+            head_since: now,
+            last_look: now,
+            done: Vec::new(),
+            lost: None,
+            peak: 0,
+        }
+    }
+
+    /// True when no frame is in flight (nothing is queued on the child).
+    pub(crate) fn idle(&self) -> bool {
+        self.inflight.is_empty()
+    }
+
+    fn claim(&mut self, generation: u64) -> Option<Result<Outcome, String>> {
+        let i = self.done.iter().position(|(g, _)| *g == generation)?;
+        Some(self.done.swap_remove(i).1)
+    }
+}
+
+/// A frame sent to a child, to ask for its result.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ticket {
+    pub(crate) child: usize,
+    pub(crate) ident: Ident,
+}
+
+/// The lane that carries generation `g` among `lanes`.
+pub(crate) fn lane_of(lanes: &[Mailbox], g: u64) -> &Mailbox {
+    &lanes[(g.wrapping_sub(1) % lanes.len() as u64) as usize]
+}
+
+impl HostState {
+    /// Sends `frame` for host task `task` to `child` once it has a free lane (waiting, within
+    /// the deadline of its oldest frame, for one to free up).
+    ///
+    /// # Errors
+    ///
+    /// The child is lost (died, stopped, silent), or the frame is too large.
+    pub(crate) fn post(&self, child: usize, task: u64, frame: &[u8]) -> Result<Ticket, String> {
+        let c = &self.children[child];
+        let mut p = c.pipe.lock();
+        self.post_locked(child, &mut p, task, |lane, ident| {
+            lane.send(ident, frame).map_err(|e| e.to_string())
+        })
+    }
+
+    /// [`HostState::post`] with the child's lock held and a custom `send` (which must publish
+    /// exactly one frame on success, and nothing on error).
+    pub(crate) fn post_locked(
+        &self,
+        child: usize,
+        p: &mut Pipe,
+        task: u64,
+        send: impl FnOnce(&Mailbox, Ident) -> Result<(), String>,
+    ) -> Result<Ticket, String> {
+        let c = &self.children[child];
+        loop {
+            self.advance(child, p);
+            if let Some(l) = &p.lost {
+                return Err(l.clone());
+            }
+            let Some(&head) = p.inflight.front() else {
+                break;
+            };
+            if p.inflight.len() < c.lanes.len() {
+                break;
+            }
+            let _ = lane_of(&c.lanes, head.generation)
+                .wait_ready(Instant::now() + PARK, || Ok::<(), ()>(()));
+        }
+        let ident = Ident {
+            run: self.run.load(std::sync::atomic::Ordering::Relaxed),
+            task,
+            generation: p.sent + 1,
+        };
+        // Counted only once published: the child serves the lanes in order, a skipped lane
+        // would leave it waiting forever.
+        send(lane_of(&c.lanes, ident.generation), ident)?;
+        p.sent = ident.generation;
+        if p.inflight.is_empty() {
+            let now = Instant::now();
+            p.head_since = now;
+            p.last_look = now;
+        }
+        p.inflight.push_back(ident);
+        p.peak = p.peak.max(p.inflight.len());
+        Ok(Ticket { child, ident })
+    }
+
+    /// The result of `t` if it is in (`None` while it runs, or when `t`'s child is busy with
+    /// another thread and `blocking` is false). Never waits for the child.
+    pub(crate) fn poll(&self, t: &Ticket, blocking: bool) -> Option<Result<Outcome, String>> {
+        let c = &self.children[t.child];
+        if !blocking {
+            // The deferred task's poll runs on every pass of the engine's polling thread: while
+            // its result is neither taken nor published (results come in order, so nothing is
+            // ready before it either), answer without the lock or the clock; one poll in
+            // `LOOK_POLLS` goes on to look after the child.
+            let n = c.polls.fetch_add(1, Ordering::Relaxed);
+            if !n.is_multiple_of(LOOK_POLLS)
+                && c.taken.load(Ordering::Acquire) < t.ident.generation
+                && !lane_of(&c.lanes, t.ident.generation).result_ready()
+            {
+                return None;
+            }
+        }
+        let mut p = if blocking {
+            c.pipe.lock()
+        } else {
+            c.pipe.try_lock()?
+        };
+        if let Some(r) = p.claim(t.ident.generation) {
+            return Some(r);
+        }
+        self.advance(t.child, &mut p);
+        p.claim(t.ident.generation)
+    }
+
+    /// Waits for the results of `tickets`, in their order.
+    pub(crate) fn wait(&self, tickets: &[Ticket]) -> Vec<Result<Outcome, String>> {
+        let mut out: Vec<Option<Result<Outcome, String>>> = vec![None; tickets.len()];
+        loop {
+            for (o, t) in out.iter_mut().zip(tickets) {
+                if o.is_none() {
+                    *o = self.poll(t, true);
+                }
+            }
+            let Some(k) = out.iter().position(Option::is_none) else {
+                break;
+            };
+            let t = &tickets[k];
+            let _ = lane_of(&self.children[t.child].lanes, t.ident.generation)
+                .wait_ready(Instant::now() + PARK, || Ok::<(), ()>(()));
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err("no result".into())))
+            .collect()
+    }
+
+    /// Sends one frame and waits for its result.
+    pub(crate) fn send(&self, child: usize, task: u64, frame: &[u8]) -> Result<Outcome, String> {
+        let t = self.post(child, task, frame)?;
+        self.wait(&[t])
+            .pop()
+            .unwrap_or_else(|| Err("no result".into()))
+    }
+
+    /// Takes the results that are in, oldest first; now and then looks whether the child died
+    /// or its oldest frame is past its deadline (then every frame in flight fails).
+    fn advance(&self, child: usize, p: &mut Pipe) {
+        let c = &self.children[child];
+        self.take_ready(child, p);
+        let Some(&head) = p.inflight.front() else {
+            return;
+        };
+        let now = Instant::now();
+        if p.lost.is_none() && now.duration_since(p.last_look) >= LOOK_EVERY {
+            p.last_look = now;
+            if let Some(e) = c.exit() {
+                // It may have published just before it died.
+                self.take_ready(child, p);
+                if let Some(&head) = p.inflight.front() {
+                    let f = c.failure(
+                        child,
+                        FailKind::Died(e),
+                        format!("while running host task {}", head.task),
+                    );
+                    p.lost = Some(f.to_string());
+                    self.note_failure(f);
+                }
+            } else if now >= p.head_since + self.timeout + GRACE {
+                let waited = now.duration_since(p.head_since);
+                let f = c.silence(child, waited, &format!("host task {}", head.task));
+                p.lost = Some(f.to_string());
+                // Recorded before the kill, so that the death it causes is no news.
+                self.note_failure(f);
+                // It cannot be trusted with another frame: stop it (a stopped process takes
+                // SIGKILL too).
+                c.kill();
+            }
+        }
+        if let Some(l) = &p.lost {
+            for id in p.inflight.drain(..) {
+                p.done.push((id.generation, Err(l.clone())));
+                c.taken.store(id.generation, Ordering::Release);
+            }
+        }
+    }
+
+    fn take_ready(&self, child: usize, p: &mut Pipe) {
+        let c = &self.children[child];
+        while let Some(&head) = p.inflight.front() {
+            let lane = lane_of(&c.lanes, head.generation);
+            if !lane.result_ready() {
+                break;
+            }
+            let r = lane
+                .take_result(head, &c.who)
+                .map_err(|e| e.to_string())
+                .and_then(|b| Outcome::decode(&b).map_err(|e| format!("{}: {e}", c.who)));
+            match &r {
+                Ok(o) if o.status != 0 => {
+                    self.note_failure(c.failure(child, kind_of(o.status), o.message.clone()))
+                }
+                Ok(o) if !o.trace.is_empty() => self.traces.lock().push(o.trace.clone()),
+                Ok(_) => {}
+                Err(e) => self.note_failure(c.failure(child, FailKind::Task, e.clone())),
+            }
+            p.inflight.pop_front();
+            p.head_since = Instant::now();
+            p.done.push((head.generation, r));
+            c.taken.store(head.generation, Ordering::Release);
+        }
+    }
+}
