@@ -313,7 +313,9 @@ impl Outcome {
     /// Encodes the result; the message is truncated to [`MAX_MESSAGE`] bytes and the trace
     /// dropped if it does not fit `cap` bytes.
     pub fn encode(&self, cap: usize) -> Vec<u8> {
-        let mut w = W(Vec::new());
+        let mut w = W(Vec::with_capacity(
+            24 + self.message.len().min(MAX_MESSAGE) + self.trace.len().min(cap),
+        ));
         w.u32(self.status);
         w.u64(self.tasks);
         w.str(truncate(&self.message, MAX_MESSAGE));

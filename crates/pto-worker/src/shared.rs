@@ -59,10 +59,18 @@ pub fn shared_buffer(bytes: usize) -> Result<Buffer, AllocError> {
     })))
 }
 
-/// A child's cache of the segments it mapped, by name.
+/// A child's cache of the segments it mapped, by name, and of the buffers it made in them (the
+/// same host buffer is the same [`Buffer`] in every frame: one borrow table, no allocation per
+/// frame).
 #[derive(Default, Debug)]
 pub struct SegmentCache {
-    map: Mutex<HashMap<String, Arc<Segment>>>,
+    map: Mutex<HashMap<String, Mapped>>,
+}
+
+#[derive(Debug)]
+struct Mapped {
+    seg: Arc<Segment>,
+    buffers: HashMap<(u64, u64), Buffer>,
 }
 
 impl SegmentCache {
@@ -72,30 +80,40 @@ impl SegmentCache {
     ///
     /// The segment cannot be opened, or the range does not fit it.
     pub fn buffer(&self, name: &str, offset: u64, len: u64) -> Result<Buffer, String> {
-        let seg = {
-            let mut m = self.map.lock();
-            match m.get(name) {
-                Some(s) => s.clone(),
-                None => {
-                    let s = Arc::new(
-                        Segment::open(
-                            name,
-                            std::time::Instant::now() + std::time::Duration::from_secs(5),
-                        )
-                        .map_err(|e| e.to_string())?,
-                    );
-                    m.insert(name.to_string(), s.clone());
-                    s
-                }
+        let mut m = self.map.lock();
+        let mapped = match m.get_mut(name) {
+            Some(s) => s,
+            None => {
+                let seg = Arc::new(
+                    Segment::open(
+                        name,
+                        std::time::Instant::now() + std::time::Duration::from_secs(5),
+                    )
+                    .map_err(|e| e.to_string())?,
+                );
+                m.entry(name.to_string()).or_insert(Mapped {
+                    seg,
+                    buffers: HashMap::new(),
+                })
             }
         };
-        let (offset, len) = (offset as usize, len as usize);
-        if offset % 64 != 0 || offset.checked_add(len).is_none_or(|e| e > seg.len()) {
+        if let Some(b) = mapped.buffers.get(&(offset, len)) {
+            return Ok(b.clone());
+        }
+        let seg = mapped.seg.clone();
+        let (start, bytes) = (offset as usize, len as usize);
+        if start % 64 != 0 || start.checked_add(bytes).is_none_or(|e| e > seg.len()) {
             return Err(format!(
-                "buffer {offset}+{len} does not fit segment {name} of {} bytes",
+                "buffer {start}+{bytes} does not fit segment {name} of {} bytes",
                 seg.len()
             ));
         }
-        Ok(Buffer::from_external(Box::new(SegMem { seg, offset, len })))
+        let b = Buffer::from_external(Box::new(SegMem {
+            seg,
+            offset: start,
+            len: bytes,
+        }));
+        mapped.buffers.insert((offset, len), b.clone());
+        Ok(b)
     }
 }
