@@ -83,11 +83,17 @@ impl Pipe {
 pub(crate) struct Ticket {
     pub(crate) child: usize,
     pub(crate) ident: Ident,
+    /// The lane that carries it (`lane_of`, computed once: polls are frequent).
+    lane: usize,
 }
 
 /// The lane that carries generation `g` among `lanes`.
 pub(crate) fn lane_of(lanes: &[Mailbox], g: u64) -> &Mailbox {
-    &lanes[(g.wrapping_sub(1) % lanes.len() as u64) as usize]
+    &lanes[lane_index(lanes.len(), g)]
+}
+
+fn lane_index(lanes: usize, g: u64) -> usize {
+    (g.wrapping_sub(1) % lanes as u64) as usize
 }
 
 impl HostState {
@@ -145,7 +151,11 @@ impl HostState {
         }
         p.inflight.push_back(ident);
         p.peak = p.peak.max(p.inflight.len());
-        Ok(Ticket { child, ident })
+        Ok(Ticket {
+            child,
+            ident,
+            lane: lane_index(c.lanes.len(), ident.generation),
+        })
     }
 
     /// The result of `t` if it is in (`None` while it runs, or when `t`'s child is busy with
@@ -157,10 +167,12 @@ impl HostState {
             // its result is neither taken nor published (results come in order, so nothing is
             // ready before it either), answer without the lock or the clock; one poll in
             // `LOOK_POLLS` goes on to look after the child.
-            let n = c.polls.fetch_add(1, Ordering::Relaxed);
+            // A plain load and store: a lost count only moves the next look by a poll.
+            let n = c.polls.load(Ordering::Relaxed).wrapping_add(1);
+            c.polls.store(n, Ordering::Relaxed);
             if !n.is_multiple_of(LOOK_POLLS)
                 && c.taken.load(Ordering::Acquire) < t.ident.generation
-                && !lane_of(&c.lanes, t.ident.generation).result_ready()
+                && !c.lanes[t.lane].result_ready()
             {
                 return None;
             }
@@ -190,7 +202,7 @@ impl HostState {
                 break;
             };
             let t = &tickets[k];
-            let _ = lane_of(&self.children[t.child].lanes, t.ident.generation)
+            let _ = self.children[t.child].lanes[t.lane]
                 .wait_ready(Instant::now() + PARK, || Ok::<(), ()>(()));
         }
         out.into_iter()

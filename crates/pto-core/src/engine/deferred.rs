@@ -125,7 +125,11 @@ impl Engine {
         let mut held: Vec<(u64, crate::trace::Mark)> = Vec::new();
         let tokens = std::mem::take(&mut d.tokens);
         d.waiting.retain_mut(|w| {
-            let (seen, token_error) = tokens.get(&w.id).copied().unwrap_or((0, None));
+            let (seen, token_error) = if tokens.is_empty() {
+                (0, None)
+            } else {
+                tokens.get(&w.id).copied().unwrap_or((0, None))
+            };
             if let Some(st) = token_error {
                 settled.push((
                     w.slot,
@@ -250,3 +254,4 @@ impl Engine {
         }
     }
 }
+
