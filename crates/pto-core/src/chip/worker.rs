@@ -98,10 +98,9 @@ impl Helper {
     /// True while it should poll closely rather than park: it is the polling thread and a
     /// deferred task settled within the last [`DEFERRED_POLL`].
     pub(crate) fn polling_closely(&mut self, e: &Engine) -> bool {
-        if self.poller && !e.has_waiting.load(Ordering::Acquire) {
+        if !e.has_waiting.load(Ordering::Acquire) {
             // Nothing to poll: the role goes back before a park.
-            self.poller = false;
-            e.polling.store(false, Ordering::Release);
+            give_up_polling(e, &mut self.poller);
         }
         self.poller
             && e.has_waiting.load(Ordering::Acquire)
@@ -113,9 +112,14 @@ impl Helper {
         if let Some(c) = self.held.take() {
             e.cores.release(c);
         }
-        if std::mem::take(&mut self.poller) {
-            e.polling.store(false, Ordering::Release);
-        }
+        give_up_polling(e, &mut self.poller);
+    }
+}
+
+/// Gives the polling role back if `poller` says this thread holds it.
+fn give_up_polling(e: &Engine, poller: &mut bool) {
+    if std::mem::take(poller) {
+        e.polling.store(false, Ordering::Release);
     }
 }
 
@@ -174,9 +178,7 @@ fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
         let timeout = if !e.has_waiting.load(Ordering::Acquire) {
             // Nothing to poll: give the role up before a long park, or a task deferred
             // meanwhile would wait for this park to end.
-            if std::mem::take(&mut poller) {
-                e.polling.store(false, Ordering::Release);
-            }
+            give_up_polling(e, &mut poller);
             IDLE_PARK
         } else if poller {
             naps = (naps + 1).min(20);
@@ -192,9 +194,7 @@ fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
         // is busy elsewhere): queue it, so that it runs now.
         e.flush_held();
     };
-    if poller {
-        e.polling.store(false, Ordering::Release);
-    }
+    give_up_polling(e, &mut poller);
     if e.sleep.end_search() && e.has_ready() {
         // The last searcher took work and more is queued: let another thread look.
         e.sleep.notify();
