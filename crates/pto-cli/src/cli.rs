@@ -182,6 +182,10 @@ pub struct BenchArgs {
     /// Tasks per pattern (`dag`), 1 to 100000000.
     #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000).map(|v| v as usize))]
     pub tasks: usize,
+    /// Dag: measure only these patterns (repeat the flag or separate with commas:
+    /// chain, fan, diamond, granularity). Default: all four.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub pattern: Vec<DagPattern>,
     /// Repetitions (the median is reported), 1 to 1000.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000).map(|v| v as usize))]
     pub reps: usize,
@@ -235,6 +239,19 @@ pub struct BenchArgs {
     /// Print JSON lines instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A pattern of `pto bench dag`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DagPattern {
+    /// Every task updates one tensor (INOUT): a serial chain.
+    Chain,
+    /// One task writes a tensor, every other task reads it and writes its own cell.
+    Fan,
+    /// Layers of width 8, each task reading two tasks of the layer before.
+    Diamond,
+    /// The smallest busy-wait task at which the threads reach 50% efficiency (METG(50%)).
+    Granularity,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

@@ -316,11 +316,42 @@ pub trait KernelRef {
     ///
     /// [`RegistryError::Unknown`].
     fn resolve<'r>(&self, reg: &'r KernelRegistry) -> Result<&'r Arc<Kernel>, RegistryError>;
+
+    /// As [`KernelRef::resolve`], answered from `last` (the kernel found last time) when it is
+    /// the one named: a program that submits one kernel many times looks it up once.
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::Unknown`].
+    #[doc(hidden)]
+    fn resolve_after<'r>(
+        &self,
+        reg: &'r KernelRegistry,
+        last: &mut Option<&'r Arc<Kernel>>,
+    ) -> Result<&'r Arc<Kernel>, RegistryError> {
+        let _ = last;
+        self.resolve(reg)
+    }
 }
 
 impl KernelRef for &str {
     fn resolve<'r>(&self, reg: &'r KernelRegistry) -> Result<&'r Arc<Kernel>, RegistryError> {
         reg.lookup(self)
+    }
+
+    fn resolve_after<'r>(
+        &self,
+        reg: &'r KernelRegistry,
+        last: &mut Option<&'r Arc<Kernel>>,
+    ) -> Result<&'r Arc<Kernel>, RegistryError> {
+        if let Some(k) = *last {
+            if k.name() == *self {
+                return Ok(k);
+            }
+        }
+        let k = reg.lookup(self)?;
+        *last = Some(k);
+        Ok(k)
     }
 }
 
@@ -331,13 +362,19 @@ impl KernelRef for KernelId {
 }
 
 /// A task's arguments after submission: runtime outputs allocated, modes fixed.
+/// `repr(C)`: the fields every task uses first, the vectors most tasks leave empty last (see
+/// the engine's `Body`).
 #[derive(Debug, Default)]
+#[repr(C)]
 pub(crate) struct Payload {
+    pub(crate) block_num: u32,
+    pub(crate) deferred: bool,
+    /// Non-zero when `scalars`, `inits` or the body's `deps` may hold something (so that the
+    /// common task never touches their lines).
+    pub(crate) extras: u8,
     pub(crate) tensors: SmallVec<[(Tensor, ArgMode); 4]>,
     pub(crate) scalars: SmallVec<[Scalar; 4]>,
-    pub(crate) block_num: u32,
     pub(crate) inits: SmallVec<[(usize, OutInit); 2]>,
-    pub(crate) deferred: bool,
 }
 
 /// The most completion conditions one task may register.

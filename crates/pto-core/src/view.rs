@@ -18,6 +18,57 @@ use crate::tensor::{Region, Tensor, TensorError};
 
 /// Calls `f` with the element offset (relative to the region's first element) of every element,
 /// in row-major logical order.
+/// The element offsets of a region in logical row-major order, lazily (what
+/// [`for_each_offset`] visits, as an iterator; allocates nothing).
+struct Offsets {
+    shape: [usize; crate::tensor::MAX_DIMS],
+    strides: [usize; crate::tensor::MAX_DIMS],
+    ndims: usize,
+    idx: [usize; crate::tensor::MAX_DIMS],
+    off: usize,
+    left: usize,
+}
+
+impl Offsets {
+    fn new(region: &Region) -> Offsets {
+        Offsets {
+            shape: region.shape,
+            strides: region.strides,
+            ndims: usize::from(region.ndims),
+            idx: [0; crate::tensor::MAX_DIMS],
+            off: 0,
+            left: region.numel(),
+        }
+    }
+}
+
+impl Iterator for Offsets {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let here = self.off;
+        // Step to the next element (the last step runs past the end, unused).
+        for d in (0..self.ndims).rev() {
+            self.idx[d] += 1;
+            self.off += self.strides[d];
+            if self.idx[d] < self.shape[d] {
+                break;
+            }
+            self.off -= self.strides[d] * self.shape[d];
+            self.idx[d] = 0;
+        }
+        Some(here)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
 pub(crate) fn for_each_offset(region: &Region, mut f: impl FnMut(usize)) {
     let n = usize::from(region.ndims);
     if region.numel() == 0 {
@@ -317,11 +368,8 @@ read_methods!(TensorMut);
 impl<'a, T: Element> TensorRef<'a, T> {
     /// Every element, in logical row-major order.
     pub fn iter(&self) -> impl Iterator<Item = T> + '_ {
-        let mut offs = Vec::with_capacity(self.region.numel());
-        for_each_offset(&self.region, |o| offs.push(o));
         // SAFETY: each offset lies inside the borrowed region.
-        offs.into_iter()
-            .map(move |o| unsafe { self.ptr.add(o).read() })
+        Offsets::new(&self.region).map(move |o| unsafe { self.ptr.add(o).read() })
     }
 }
 

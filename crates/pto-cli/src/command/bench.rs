@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use pto::prelude::*;
 use serde_json::json;
 
-use crate::cli::{BenchArgs, BenchKind};
+use crate::cli::{BenchArgs, BenchKind, DagPattern};
 
 /// Tasks per scope: bounds the live tasks of a scope well below the ring window.
 const SCOPE: usize = 1024;
@@ -235,8 +235,16 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         .threads(threads)
         .build()?;
     let reps = a.reps.max(1);
+    let wanted = |p: DagPattern| a.pattern.is_empty() || a.pattern.contains(&p);
     let mut results = Vec::new();
-    for name in ["chain", "fan", "diamond"] {
+    for (name, p) in [
+        ("chain", DagPattern::Chain),
+        ("fan", DagPattern::Fan),
+        ("diamond", DagPattern::Diamond),
+    ] {
+        if !wanted(p) {
+            continue;
+        }
         pattern(&chip, name, a.tasks.min(10_000), 0)?; // warm-up
         let runs: Vec<(f64, f64)> = (0..reps)
             .map(|_| pattern(&chip, name, a.tasks, 0))
@@ -286,6 +294,9 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             }
             println!();
         }
+    }
+    if !wanted(DagPattern::Granularity) {
+        return Ok(ExitCode::SUCCESS);
     }
     let (min, seen) = granularity(&chip, threads)?;
     if a.json {

@@ -57,6 +57,8 @@ pub struct Orch<'a> {
     state: Orchestrator,
     wait: Duration,
     spin: Duration,
+    /// The kernel submitted last (see [`KernelRef::resolve_after`]).
+    last_kernel: Option<&'a Arc<crate::kernel::Kernel>>,
 }
 
 impl fmt::Debug for Orch<'_> {
@@ -78,6 +80,7 @@ impl<'a> Orch<'a> {
             state,
             wait: cfg.wait_timeout,
             spin: cfg.spin,
+            last_kernel: None,
         }
     }
 
@@ -157,7 +160,9 @@ impl<'a> Orch<'a> {
         kernel: impl KernelRef,
         args: TaskArgs,
     ) -> Result<Submitted, OrchError> {
-        let k = kernel.resolve(self.kernels)?.clone();
+        let k = kernel
+            .resolve_after(self.kernels, &mut self.last_kernel)?
+            .clone();
         self.submit_inner(Some(k), args)
     }
 

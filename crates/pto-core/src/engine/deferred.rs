@@ -247,7 +247,7 @@ impl Engine {
                 block: 0,
                 start_us: start,
                 end_us: crate::trace::now_us(),
-                deps: body.deps.iter().map(|d| crate::args::TaskId(*d)).collect(),
+                deps: self.producer_ids(body),
                 deferred: true,
                 marks,
             });

@@ -215,7 +215,7 @@ impl Engine {
             if conflict.is_none() && body.registered != 0 {
                 conflict = self.register_borrows(job.slot, body);
             }
-            if conflict.is_none() {
+            if conflict.is_none() && body.payload.extras != 0 {
                 for &(i, init) in &body.payload.inits {
                     if init == OutInit::Zeroed {
                         if let Some((t, _)) = body.payload.tensors.get(i) {
@@ -384,11 +384,25 @@ impl Engine {
                 block: job.block,
                 start_us: start,
                 end_us: end,
-                deps: body.deps.iter().map(|d| TaskId(*d)).collect(),
+                deps: self.producer_ids(body),
                 deferred: false,
                 marks,
             });
         }
+    }
+
+    /// The ids of a task's producers (for traces): those it retains, read from their nodes
+    /// (which it keeps), and those that had failed and retired before it was submitted.
+    /// Valid until the task finishes.
+    pub(crate) fn producer_ids(&self, body: &Body) -> Vec<TaskId> {
+        let mut v: Vec<TaskId> = body
+            .retains
+            .iter()
+            .map(|&p| TaskId(self.slab.get(p).id.load(Ordering::Acquire)))
+            .chain(body.deps.iter().map(|&d| TaskId(d)))
+            .collect();
+        v.sort_unstable();
+        v
     }
 
     /// Finishes a task and propagates: consumers' fan-in, poison, retained producers. Returns

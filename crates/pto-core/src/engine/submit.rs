@@ -72,7 +72,7 @@ struct Scope {
 /// What only the orchestrating thread keeps about a slot's task.
 #[derive(Debug, Default)]
 struct Aux {
-    keys: SmallVec<[EntryKey; 2]>,
+    keys: SmallVec<[EntryKey; 4]>,
     lease: Option<Arc<Lease>>,
     scope_open: bool,
 }
@@ -188,15 +188,11 @@ impl Orchestrator {
         let Some(mut scope) = self.scopes.pop() else {
             return;
         };
+        // The scope's pin is orchestrator-private: no atomic on the (shared) task nodes.
         for t in scope.tasks.drain(..) {
             if let Some(a) = self.aux.get_mut(t.slot as usize) {
                 a.scope_open = false;
             }
-            self.engine
-                .slab
-                .get(t.slot)
-                .refs
-                .fetch_sub(1, Ordering::AcqRel);
         }
         // Kept for the next scope: opening and closing scopes allocates nothing.
         if self.spare_scopes.len() < 16 {
@@ -248,27 +244,25 @@ impl Orchestrator {
             }
         }
         // Two arguments of one task may share bytes only if both are read-only.
-        {
-            let existing: SmallVec<[(usize, &Tensor, ArgMode); 8]> = args
-                .tensors
-                .iter()
-                .enumerate()
-                .filter_map(|(i, a)| match a {
-                    TensorArg::Existing(t, m) => Some((i, t, *m)),
-                    TensorArg::Create { .. } => None,
-                })
-                .collect();
-            for (x, &(i, ti, mi)) in existing.iter().enumerate() {
-                for &(j, tj, mj) in &existing[x + 1..] {
-                    if (mi.writable() || mj.writable())
-                        && ti.buffer() == tj.buffer()
-                        && crate::tensor::intersects(ti.region(), tj.region())
-                    {
-                        return Err(invalid(
-                            &kernel,
-                            format!("tensor arguments {i} ({mi}) and {j} ({mj}) overlap and one is written"),
-                        ));
-                    }
+        let ts = &args.tensors;
+        for (i, a) in ts.iter().enumerate().skip(1) {
+            let TensorArg::Existing(ti, mi) = a else {
+                continue;
+            };
+            for (j, b) in ts[..i].iter().enumerate() {
+                let TensorArg::Existing(tj, mj) = b else {
+                    continue;
+                };
+                if (mi.writable() || mj.writable())
+                    && ti.buffer() == tj.buffer()
+                    && crate::tensor::intersects(ti.region(), tj.region())
+                {
+                    return Err(invalid(
+                        &kernel,
+                        format!(
+                            "tensor arguments {j} ({mj}) and {i} ({mi}) overlap and one is written"
+                        ),
+                    ));
                 }
             }
         }
@@ -369,7 +363,9 @@ impl Orchestrator {
         };
         let slot = self.alloc_slot()?;
         if self.aux.len() <= slot as usize {
-            self.aux.resize_with(slot as usize + 1, Aux::default);
+            // In steps: the slab grows in chunks too.
+            self.aux
+                .resize_with((slot as usize + 1).next_multiple_of(256), Aux::default);
         }
         let id = self.next_id;
         let me = TaskRef { slot, id };
@@ -399,7 +395,10 @@ impl Orchestrator {
         b.kernel = kernel;
         b.payload.block_num = args.block_num;
         b.payload.deferred = deferred;
-        b.payload.scalars.extend(args.scalars);
+        if !args.scalars.is_empty() {
+            b.payload.scalars.extend(args.scalars);
+            b.payload.extras = 1;
+        }
         b.token = *nonce << TOKEN_TASK_BITS | id;
         b.registered = 0;
 
@@ -414,7 +413,7 @@ impl Orchestrator {
         let live = |x: TaskRef| {
             if slab.get(x.slot).id.load(Ordering::Acquire) == x.id {
                 Liveness::Live
-            } else if retired_failed.contains_key(&x.id) {
+            } else if !retired_failed.is_empty() && retired_failed.contains_key(&x.id) {
                 Liveness::RetiredFailed
             } else {
                 Liveness::Retired
@@ -422,7 +421,10 @@ impl Orchestrator {
         };
         let mut outputs = Vec::with_capacity(out_offsets.len());
         let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
-        let mut explicit: SmallVec<[u64; 2]> = args.deps.iter().map(|d| d.0).collect();
+        let mut explicit: SmallVec<[u64; 2]> = SmallVec::new();
+        for d in &args.deps {
+            explicit.push(d.0);
+        }
         let mut keys = SmallVec::new();
         let mut outs = out_offsets.iter();
         let mut tensors = args.tensors;
@@ -471,6 +473,7 @@ impl Orchestrator {
                     }
                     if init != OutInit::Unspecified {
                         b.payload.inits.push((i, init));
+                        b.payload.extras = 1;
                     }
                     outputs.push(t.clone());
                     b.payload.tensors.push((t, ArgMode::Out));
@@ -488,21 +491,25 @@ impl Orchestrator {
             } else if let Some(failed) = retired_failed.get(&d) {
                 root = root.max(failed + 1);
                 b.deps.push(d);
+                b.payload.extras = 1;
             }
         }
-        deps.sort_unstable_by_key(|d| (d.id, d.slot));
-        deps.dedup();
+        if deps.len() > 1 {
+            deps.sort_unstable_by_key(|d| (d.id, d.slot));
+            deps.dedup();
+        }
         // Which producers are live (retained, wired) and which poison it.
         for d in &deps {
             if d.id == id {
                 continue;
             }
             if slab.get(d.slot).id.load(Ordering::Acquire) == d.id {
+                // (Its id, for traces, is read from its node: retained, the node keeps it.)
                 b.retains.push(d.slot);
-                b.deps.push(d.id);
             } else if let Some(r) = retired_failed.get(&d.id) {
                 root = root.max(r + 1);
                 b.deps.push(d.id);
+                b.payload.extras = 1;
             }
         }
         // SAFETY: the body is filled; the slot is still free for every other thread.
@@ -568,6 +575,9 @@ impl Orchestrator {
     pub(crate) fn reclaim(&mut self) {
         for r in 0..self.rings.len() {
             while let Some(&front) = self.rings[r].live.front() {
+                if self.aux[front.slot as usize].scope_open {
+                    break;
+                }
                 let s = self.engine.slab.get(front.slot);
                 if s.refs.load(Ordering::Acquire) != 0 {
                     break;
@@ -617,7 +627,7 @@ impl Orchestrator {
             |x: TaskRef| {
                 if slab.get(x.slot).id.load(Ordering::Acquire) == x.id {
                     Liveness::Live
-                } else if retired.contains_key(&x.id) {
+                } else if !retired.is_empty() && retired.contains_key(&x.id) {
                     Liveness::RetiredFailed
                 } else {
                     Liveness::Retired
@@ -702,6 +712,11 @@ impl Orchestrator {
     pub(crate) fn deps_of(&self, id: u64) -> Vec<u64> {
         let r = self.find_live(id).expect("a live task");
         // SAFETY: the task is live and only this thread reclaims.
-        unsafe { self.engine.slab.get(r.slot).body() }.deps.to_vec()
+        let body = unsafe { self.engine.slab.get(r.slot).body() };
+        self.engine
+            .producer_ids(body)
+            .into_iter()
+            .map(|t| t.get())
+            .collect()
     }
 }

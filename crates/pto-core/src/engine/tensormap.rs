@@ -16,31 +16,82 @@ use crate::geometry::{overlap, Overlap, Region};
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    /// `(first byte, insertion sequence)`: the sort key.
-    key: (usize, u64),
+    /// First byte: with `seq`, the sort key.
+    start: usize,
+    /// One past the last byte.
+    end: usize,
+    /// Insertion sequence (unique).
+    seq: u64,
     task: TaskRef,
+    /// The region's elements fill `[start, end)` without gaps: two such entries compare as
+    /// byte ranges, without looking at `region`.
+    contig: bool,
+    /// Removed: skipped by lookups, dropped when the side is compacted.
+    dead: bool,
     region: Region,
+}
+
+impl Entry {
+    fn key(&self) -> (usize, u64) {
+        (self.start, self.seq)
+    }
 }
 
 /// The entries of one buffer's readers or writers, sorted by first byte. A deque: tasks are
 /// mostly inserted in address order and retired oldest first, so both ends are cheap, and an
-/// emptied side keeps its memory (a chain on one tensor allocates nothing per task).
+/// emptied side keeps its memory (a chain on one tensor allocates nothing per task). Removal
+/// marks an entry dead (no shifting of the entries behind it); dead entries are dropped from
+/// the ends at once and from the middle when they are at least half of the side.
 #[derive(Default, Debug)]
 struct Side {
     entries: VecDeque<Entry>,
     max_len: usize,
+    dead: usize,
 }
 
 impl Side {
     /// Index of the first entry whose key is not below `k`.
     fn lower_bound(&self, k: (usize, u64)) -> usize {
-        self.entries.partition_point(|e| e.key < k)
+        self.entries.partition_point(|e| e.key() < k)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.len() == self.dead
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(e) = self.entries.get_mut(i) {
+            if !e.dead {
+                e.dead = true;
+                self.dead += 1;
+            }
+        }
+    }
+
+    /// Drops dead entries from both ends, and from everywhere once they are half the side.
+    fn tidy(&mut self) {
+        if self.dead == 0 {
+            return;
+        }
+        while self.entries.front().is_some_and(|e| e.dead) {
+            self.entries.pop_front();
+            self.dead -= 1;
+        }
+        while self.entries.back().is_some_and(|e| e.dead) {
+            self.entries.pop_back();
+            self.dead -= 1;
+        }
+        if self.dead >= 8 && self.dead * 2 >= self.entries.len() {
+            self.entries.retain(|e| !e.dead);
+            self.dead = 0;
+        }
     }
 
     fn remove(&mut self, k: (usize, u64)) {
         let i = self.lower_bound(k);
-        if self.entries.get(i).is_some_and(|e| e.key == k) {
-            self.entries.remove(i);
+        if self.entries.get(i).is_some_and(|e| e.key() == k) {
+            self.kill(i);
+            self.tidy();
         }
     }
 }
@@ -53,7 +104,7 @@ struct BufIndex {
 
 impl BufIndex {
     fn is_empty(&self) -> bool {
-        self.sides.iter().all(|s| s.entries.is_empty())
+        self.sides.iter().all(Side::is_empty)
     }
 }
 
@@ -102,36 +153,49 @@ impl TensorMap {
         if s == e {
             return;
         }
+        let contig = region.is_contiguous();
         // A read looks at writers only; a write at both.
         for side in &mut idx.sides[usize::from(!write)..] {
-            if side.entries.is_empty() {
+            if side.is_empty() {
                 continue;
             }
-            let lo = s.saturating_sub(side.max_len);
-            let first = side.lower_bound((lo, 0));
-            let mut dead: SmallVec<[usize; 8]> = SmallVec::new();
-            for (i, ent) in side.entries.range(first..).enumerate() {
-                if ent.key.0 >= e {
+            let first = side.lower_bound((s.saturating_sub(side.max_len), 0));
+            let mut killed = false;
+            for ent in side.entries.range_mut(first..) {
+                if ent.start >= e {
                     break;
+                }
+                if ent.dead || ent.end <= s || ent.start == ent.end {
+                    continue;
                 }
                 let state = live(ent.task);
                 if state == Liveness::Retired {
-                    dead.push(first + i);
+                    ent.dead = true;
+                    side.dead += 1;
+                    killed = true;
                     continue;
                 }
-                match overlap(region, &ent.region) {
-                    Overlap::Disjoint => {}
-                    o => {
-                        deps.push(ent.task);
-                        if write && o == Overlap::Covers && state == Liveness::Live {
-                            dead.push(first + i);
-                        }
+                let o = if contig && ent.contig {
+                    // Both fill their byte ranges, which intersect.
+                    if s <= ent.start && ent.end <= e {
+                        Overlap::Covers
+                    } else {
+                        Overlap::Partial
+                    }
+                } else {
+                    overlap(region, &ent.region)
+                };
+                if o != Overlap::Disjoint {
+                    deps.push(ent.task);
+                    if write && o == Overlap::Covers && state == Liveness::Live {
+                        ent.dead = true;
+                        side.dead += 1;
+                        killed = true;
                     }
                 }
             }
-            // Back to front, so the indices stay valid.
-            for &i in dead.iter().rev() {
-                side.entries.remove(i);
+            if killed {
+                side.tidy();
             }
         }
     }
@@ -146,19 +210,22 @@ impl TensorMap {
     ) -> EntryKey {
         let (s, e) = region.byte_range();
         self.seq += 1;
-        let key = (s, self.seq);
         let side = &mut self.bufs.entry(buffer).or_default().sides[usize::from(write)];
         side.max_len = side.max_len.max(e - s);
         let ent = Entry {
-            key,
+            start: s,
+            end: e,
+            seq: self.seq,
             task,
+            contig: region.is_contiguous(),
+            dead: false,
             region: *region,
         };
         // Usually past the last entry (increasing addresses, increasing sequence).
-        if side.entries.back().is_none_or(|b| b.key < key) {
+        if side.entries.back().is_none_or(|b| b.key() < ent.key()) {
             side.entries.push_back(ent);
         } else {
-            let i = side.lower_bound(key);
+            let i = side.lower_bound(ent.key());
             side.entries.insert(i, ent);
         }
         EntryKey {
@@ -185,7 +252,7 @@ impl TensorMap {
         self.bufs
             .values()
             .flat_map(|b| &b.sides)
-            .map(|s| s.entries.len())
+            .map(|s| s.entries.len() - s.dead)
             .sum()
     }
 }
