@@ -133,6 +133,8 @@ pub(crate) struct Engine {
     pub(crate) slab: Slab,
     /// Slots free for new tasks (only the orchestrating thread uses it).
     pub(crate) free: Mutex<Vec<u32>>,
+    /// The orchestrating thread's private state per slot, kept between runs.
+    pub(crate) aux: Mutex<Vec<submit::Aux>>,
     /// Ready queues: MIX, AIC, AIV.
     pub(crate) queues: [Injector<u32>; 3],
     pub(crate) cores: Cores,
@@ -202,6 +204,7 @@ impl Engine {
         Engine {
             slab: Slab::new(cfg.max_slots),
             free: Mutex::new(Vec::new()),
+            aux: Mutex::new(Vec::new()),
             queues: [Injector::new(), Injector::new(), Injector::new()],
             cores: Cores::new(cfg.aic, cfg.aiv),
             sleep: Sleep::default(),

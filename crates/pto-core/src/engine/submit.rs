@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use super::execute::Finish;
 use super::ring::{Full, Ring, OUT_ALIGN};
 use super::slab::State;
-use super::tensormap::{EntryKey, Liveness, TensorMap};
+use super::tensormap::{Liveness, Probe, TensorMap};
 use super::{Engine, RunStats, TaskRef, NUM_RINGS, TOKEN_TASK_BITS};
 use crate::args::{ArgMode, OutInit, TaskArgs, TaskId, TensorArg};
 use crate::buffer::Buffer;
@@ -69,10 +69,10 @@ struct Scope {
     tasks: Vec<TaskRef>,
 }
 
-/// What only the orchestrating thread keeps about a slot's task.
+/// What only the orchestrating thread keeps about a slot's task. Kept by the engine between
+/// runs (like the free slots), so that a run does not grow it again.
 #[derive(Debug, Default)]
-struct Aux {
-    keys: SmallVec<[EntryKey; 4]>,
+pub(crate) struct Aux {
     lease: Option<Arc<Lease>>,
     scope_open: bool,
 }
@@ -87,6 +87,21 @@ fn invalid(kernel: &Option<Arc<Kernel>>, detail: String) -> OrchError {
             .as_ref()
             .map_or_else(|| "<dummy>".to_string(), |k| k.name().to_string()),
         detail,
+    }
+}
+
+/// Whether the task a TensorMap entry names is still live, retired after failing, or retired.
+fn liveness(
+    slab: &super::slab::Slab,
+    retired_failed: &FxHashMap<u64, u64>,
+    x: TaskRef,
+) -> Liveness {
+    if slab.get(x.slot).id.load(Ordering::Acquire) == x.id {
+        Liveness::Live
+    } else if !retired_failed.is_empty() && retired_failed.contains_key(&x.id) {
+        Liveness::RetiredFailed
+    } else {
+        Liveness::Retired
     }
 }
 
@@ -137,6 +152,7 @@ impl std::fmt::Debug for Orchestrator {
 impl Orchestrator {
     pub(crate) fn new(engine: Arc<Engine>, rings: RingConfig, nonce: u64) -> Orchestrator {
         let free = std::mem::take(&mut *engine.free.lock());
+        let aux = std::mem::take(&mut *engine.aux.lock());
         Orchestrator {
             engine,
             next_id: 0,
@@ -150,7 +166,7 @@ impl Orchestrator {
             }],
             spare_scopes: Vec::new(),
             retired_failed: FxHashMap::default(),
-            aux: Vec::new(),
+            aux,
             free,
             owned: Vec::new(),
             rings_cfg: rings,
@@ -410,22 +426,13 @@ impl Orchestrator {
             Some(false) => true,
             None => false,
         };
-        let live = |x: TaskRef| {
-            if slab.get(x.slot).id.load(Ordering::Acquire) == x.id {
-                Liveness::Live
-            } else if !retired_failed.is_empty() && retired_failed.contains_key(&x.id) {
-                Liveness::RetiredFailed
-            } else {
-                Liveness::Retired
-            }
-        };
+        let live = |x: TaskRef| liveness(slab, retired_failed, x);
         let mut outputs = Vec::with_capacity(out_offsets.len());
         let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
         let mut explicit: SmallVec<[u64; 2]> = SmallVec::new();
         for d in &args.deps {
             explicit.push(d.0);
         }
-        let mut keys = SmallVec::new();
         let mut outs = out_offsets.iter();
         let mut tensors = args.tensors;
         for (i, a) in tensors.drain(..).enumerate() {
@@ -444,11 +451,21 @@ impl Orchestrator {
                             ArgMode::InOut | ArgMode::OutputExisting => (Some(true), Some(true)),
                             ArgMode::NoDep | ArgMode::Out => (None, None),
                         };
-                        if let Some(write) = lookup {
-                            tmap.lookup(t.buffer().id(), t.region(), write, live, &mut deps);
-                        }
-                        if let Some(write) = record {
-                            keys.push(tmap.insert(t.buffer().id(), t.region(), write, me));
+                        if lookup.is_some() || record.is_some() {
+                            let probe = Probe::of(t.region());
+                            if let Some(write) = lookup {
+                                tmap.lookup(
+                                    t.buffer().id(),
+                                    t.region(),
+                                    &probe,
+                                    write,
+                                    live,
+                                    &mut deps,
+                                );
+                            }
+                            if let Some(write) = record {
+                                tmap.insert(t.buffer().id(), t.region(), &probe, write, me);
+                            }
                         }
                     }
                     b.payload.tensors.push((t, mode));
@@ -545,7 +562,6 @@ impl Orchestrator {
             sc.tasks.push(me);
         }
         let a = &mut aux[slot as usize];
-        a.keys = keys;
         a.lease = lease;
         a.scope_open = true;
         stats.tasks += 1;
@@ -589,18 +605,13 @@ impl Orchestrator {
                 let deferred = unsafe { s.body() }.payload.deferred;
                 // SAFETY: as above.
                 unsafe { s.reclaim() };
-                let a = std::mem::take(&mut self.aux[front.slot as usize]);
-                if let Some(l) = &a.lease {
+                if let Some(l) = self.aux[front.slot as usize].lease.take() {
                     l.reclaim();
                 }
                 if root != 0 {
-                    // Keep its TensorMap entries: later readers of what it should have written
-                    // are poisoned too.
+                    // Its TensorMap entries stay: later readers of what it should have written
+                    // are poisoned too. (A normal task's entries go in the next sweep.)
                     self.retired_failed.insert(front.id, root - 1);
-                } else {
-                    for k in a.keys {
-                        self.tmap.remove(k);
-                    }
                 }
                 if deferred {
                     self.engine.deferred.lock().tasks.remove(&front.id);
@@ -608,6 +619,17 @@ impl Orchestrator {
                 self.free.push(front.slot);
             }
         }
+        if self.tmap.needs_sweep() {
+            self.sweep_tmap();
+        }
+    }
+
+    /// Drops the TensorMap entries of every retired task (see `tensormap`). Only between
+    /// submits: the task being committed is not installed yet and would look retired.
+    fn sweep_tmap(&mut self) {
+        let slab = &self.engine.slab;
+        let retired = &self.retired_failed;
+        self.tmap.sweep(|x: TaskRef| liveness(slab, retired, x));
     }
 
     /// The producers a host read (or write) of `t` must wait for: how many, and the id of one
@@ -623,16 +645,9 @@ impl Orchestrator {
         self.tmap.lookup(
             t.buffer().id(),
             t.region(),
+            &Probe::of(t.region()),
             write,
-            |x: TaskRef| {
-                if slab.get(x.slot).id.load(Ordering::Acquire) == x.id {
-                    Liveness::Live
-                } else if !retired.is_empty() && retired.contains_key(&x.id) {
-                    Liveness::RetiredFailed
-                } else {
-                    Liveness::Retired
-                }
-            },
+            |x: TaskRef| liveness(slab, retired, x),
             &mut deps,
         );
         if let Some(o) = &t.origin {
@@ -685,8 +700,11 @@ impl Orchestrator {
             self.stats.peak_ring_bytes = self.stats.peak_ring_bytes.max(r.peak_bytes);
             // Tasks still live (a stalled run): their outputs are no longer valid either.
             for t in &r.live {
-                if let Some(l) = self.aux.get(t.slot as usize).and_then(|a| a.lease.as_ref()) {
-                    l.reclaim();
+                if let Some(a) = self.aux.get_mut(t.slot as usize) {
+                    if let Some(l) = &a.lease {
+                        l.reclaim();
+                    }
+                    *a = Aux::default();
                 }
             }
         }
@@ -694,6 +712,7 @@ impl Orchestrator {
             b.release_owner(self.nonce);
         }
         *self.engine.free.lock() = std::mem::take(&mut self.free);
+        *self.engine.aux.lock() = std::mem::take(&mut self.aux);
     }
 }
 
@@ -704,7 +723,14 @@ impl Orchestrator {
         self.rings.iter().map(|r| r.live.len()).sum()
     }
 
-    pub(crate) fn tmap_len(&self) -> usize {
+    /// Entries in the TensorMap after a sweep (those of retired tasks leave in sweeps).
+    pub(crate) fn tmap_len(&mut self) -> usize {
+        self.sweep_tmap();
+        self.tmap.len()
+    }
+
+    /// Entries in the TensorMap now, swept or not.
+    pub(crate) fn tmap_entries(&self) -> usize {
         self.tmap.len()
     }
 

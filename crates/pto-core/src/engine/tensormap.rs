@@ -2,9 +2,11 @@
 //!
 //! Keyed by buffer id; within a buffer, entries are ordered by their first byte so that an
 //! overlap query visits only entries that start within `max_len` bytes before the probe.
-//! Entries are removed when their task retires (by exact key, so a newer producer of the same
-//! bytes is never dropped), when a later writer covers them, or lazily when a query meets an
-//! entry whose task has retired. See `docs/design/dependency-engine.md`.
+//! Entries leave when a later writer covers them, lazily when a query meets an entry whose
+//! task has retired, and in batches: once the map holds twice the entries it held after the
+//! last sweep, the orchestrating thread drops every entry of a retired task in one pass (so a
+//! task's retirement costs no per-entry search). Entries of a task that failed stay (they
+//! poison later readers). See `docs/design/dependency-engine.md`.
 
 use std::collections::VecDeque;
 
@@ -59,15 +61,6 @@ impl Side {
         self.entries.len() == self.dead
     }
 
-    fn kill(&mut self, i: usize) {
-        if let Some(e) = self.entries.get_mut(i) {
-            if !e.dead {
-                e.dead = true;
-                self.dead += 1;
-            }
-        }
-    }
-
     /// Drops dead entries from both ends, and from everywhere once they are half the side.
     fn tidy(&mut self) {
         if self.dead == 0 {
@@ -86,14 +79,6 @@ impl Side {
             self.dead = 0;
         }
     }
-
-    fn remove(&mut self, k: (usize, u64)) {
-        let i = self.lower_bound(k);
-        if self.entries.get(i).is_some_and(|e| e.key() == k) {
-            self.kill(i);
-            self.tidy();
-        }
-    }
 }
 
 #[derive(Default, Debug)]
@@ -108,13 +93,23 @@ impl BufIndex {
     }
 }
 
-/// A key that finds one entry again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct EntryKey {
-    buffer: u64,
-    write: bool,
+/// An access's byte range and layout, computed once for its lookup and its insert.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Probe {
     start: usize,
-    seq: u64,
+    end: usize,
+    contig: bool,
+}
+
+impl Probe {
+    pub(crate) fn of(region: &Region) -> Probe {
+        let (start, end) = region.byte_range();
+        Probe {
+            start,
+            end,
+            contig: region.is_contiguous(),
+        }
+    }
 }
 
 /// What a query learns about an entry's task.
@@ -132,7 +127,14 @@ pub(crate) enum Liveness {
 pub(crate) struct TensorMap {
     bufs: FxHashMap<u64, BufIndex>,
     seq: u64,
+    /// Entries not dead.
+    entries: usize,
+    /// Sweep when `entries` reaches it.
+    sweep_at: usize,
 }
+
+/// The least number of entries before a sweep.
+const SWEEP_MIN: usize = 4096;
 
 impl TensorMap {
     /// Finds the tasks an access of `region` of `buffer` depends on and pushes them to `deps`.
@@ -142,25 +144,25 @@ impl TensorMap {
         &mut self,
         buffer: u64,
         region: &Region,
+        probe: &Probe,
         write: bool,
         mut live: impl FnMut(TaskRef) -> Liveness,
         deps: &mut SmallVec<[TaskRef; 8]>,
     ) {
-        let Some(idx) = self.bufs.get_mut(&buffer) else {
-            return;
-        };
-        let (s, e) = region.byte_range();
+        let (s, e, contig) = (probe.start, probe.end, probe.contig);
         if s == e {
             return;
         }
-        let contig = region.is_contiguous();
+        let Some(idx) = self.bufs.get_mut(&buffer) else {
+            return;
+        };
         // A read looks at writers only; a write at both.
         for side in &mut idx.sides[usize::from(!write)..] {
             if side.is_empty() {
                 continue;
             }
             let first = side.lower_bound((s.saturating_sub(side.max_len), 0));
-            let mut killed = false;
+            let mut killed = 0;
             for ent in side.entries.range_mut(first..) {
                 if ent.start >= e {
                     break;
@@ -172,7 +174,7 @@ impl TensorMap {
                 if state == Liveness::Retired {
                     ent.dead = true;
                     side.dead += 1;
-                    killed = true;
+                    killed += 1;
                     continue;
                 }
                 let o = if contig && ent.contig {
@@ -190,11 +192,12 @@ impl TensorMap {
                     if write && o == Overlap::Covers && state == Liveness::Live {
                         ent.dead = true;
                         side.dead += 1;
-                        killed = true;
+                        killed += 1;
                     }
                 }
             }
-            if killed {
+            if killed > 0 {
+                self.entries -= killed;
                 side.tidy();
             }
         }
@@ -205,11 +208,13 @@ impl TensorMap {
         &mut self,
         buffer: u64,
         region: &Region,
+        probe: &Probe,
         write: bool,
         task: TaskRef,
-    ) -> EntryKey {
-        let (s, e) = region.byte_range();
+    ) {
+        let (s, e) = (probe.start, probe.end);
         self.seq += 1;
+        self.entries += 1;
         let side = &mut self.bufs.entry(buffer).or_default().sides[usize::from(write)];
         side.max_len = side.max_len.max(e - s);
         let ent = Entry {
@@ -217,7 +222,7 @@ impl TensorMap {
             end: e,
             seq: self.seq,
             task,
-            contig: region.is_contiguous(),
+            contig: probe.contig,
             dead: false,
             region: *region,
         };
@@ -228,22 +233,28 @@ impl TensorMap {
             let i = side.lower_bound(ent.key());
             side.entries.insert(i, ent);
         }
-        EntryKey {
-            buffer,
-            write,
-            start: s,
-            seq: self.seq,
-        }
     }
 
-    /// Removes one entry (if still present); a buffer with no entry left is forgotten.
-    pub(crate) fn remove(&mut self, key: EntryKey) {
-        if let Some(idx) = self.bufs.get_mut(&key.buffer) {
-            idx.sides[usize::from(key.write)].remove((key.start, key.seq));
-            if idx.is_empty() {
-                self.bufs.remove(&key.buffer);
+    /// True once the map has grown enough since the last sweep that one is due.
+    pub(crate) fn needs_sweep(&self) -> bool {
+        self.entries >= self.sweep_at.max(SWEEP_MIN)
+    }
+
+    /// Drops every entry whose task retired (normally): one pass over the map. Buffers left
+    /// without entries are forgotten.
+    pub(crate) fn sweep(&mut self, mut live: impl FnMut(TaskRef) -> Liveness) {
+        let mut left = 0;
+        self.bufs.retain(|_, idx| {
+            for side in &mut idx.sides {
+                side.entries
+                    .retain(|e| !e.dead && live(e.task) != Liveness::Retired);
+                side.dead = 0;
+                left += side.entries.len();
             }
-        }
+            !idx.is_empty()
+        });
+        self.entries = left;
+        self.sweep_at = 2 * left;
     }
 
     /// Number of entries (for tests and statistics).

@@ -106,6 +106,34 @@ fn entries_leave_the_tensormap_when_tasks_retire() {
     o.close();
 }
 
+/// Retired tasks' entries leave in sweeps, not one by one: a long run over ever new regions
+/// keeps the map within a bound (twice what the last sweep left, at least the sweep floor)
+/// and the dependencies right.
+#[test]
+fn the_tensormap_stays_bounded_over_a_long_run_of_disjoint_writes() {
+    let e = engine(1, 2, 256);
+    let mut o = orch(&e, 256, 1 << 16);
+    let n = 20_000;
+    let t = Tensor::zeros(&[n], DType::F32).unwrap();
+    let mut most = 0;
+    for i in 0..n {
+        o.begin_scope(false).unwrap();
+        let w = submit(
+            &mut o,
+            TaskArgs::new().output_existing(&t.view(&[1], &[i]).unwrap()),
+        );
+        let r = submit(&mut o, TaskArgs::new().input(&t.view(&[1], &[i]).unwrap()));
+        // The reader of element i depends on its writer only.
+        assert_eq!(o.deps_of(r), vec![w]);
+        assert_eq!(drain(&e).len(), 2);
+        o.end_scope();
+        most = most.max(o.tmap_entries());
+    }
+    assert!(most <= 2 * 4096, "the map grew to {most} entries");
+    assert_eq!(o.tmap_len(), 0);
+    o.close();
+}
+
 #[test]
 fn a_covering_writer_replaces_older_entries_and_retirement_keeps_it() {
     let e = engine(1, 2, 64);
