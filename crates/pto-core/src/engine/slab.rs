@@ -162,6 +162,18 @@ impl Slot {
         self.state.store(s as u32, Ordering::Release);
     }
 
+    /// Asks for this node's first lines (shared state, the body's every-task fields and its
+    /// first three tensor arguments: see [`Body`]) for writing, ahead of reusing it: the core
+    /// thread that ran its last task holds them, and fetching them at the stores would stall
+    /// the orchestrating thread (a full store buffer, or its next locked instruction waiting
+    /// for them). Measured: the chain's submit costs about half as much with it.
+    pub(crate) fn prefetch(&self) {
+        let p = (self as *const Slot).cast::<u8>();
+        for line in 0..10 {
+            pto_shm::sync::prefetch_write(p.wrapping_add(line * 64));
+        }
+    }
+
     /// The body of the task in this slot.
     ///
     /// # Safety
@@ -200,7 +212,10 @@ impl Slot {
         self.blocks_next.store(0, Ordering::Relaxed);
         self.blocks_done.store(0, Ordering::Relaxed);
         self.first_start.store(0, Ordering::Relaxed);
-        if self.extra.swap(false, Ordering::Relaxed) {
+        // A load and a store, not a swap: a locked instruction here would wait for the stores
+        // above, to a line the core thread that ran this slot's last task still holds.
+        if self.extra.load(Ordering::Relaxed) {
+            self.extra.store(false, Ordering::Relaxed);
             *self.error.lock() = None;
             *self.regs.lock() = Registrations::default();
             *self.borrows.lock() = None;

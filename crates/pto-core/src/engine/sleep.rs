@@ -17,21 +17,27 @@
 
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
+
 use super::sync::{fence, AtomicU32, Ordering, Park};
 
-/// See the module docs.
+/// See the module docs. Each counter has its own cache line: `searching` changes every time a
+/// core thread runs out of work and finds more, `sleepers` only when one parks, and
+/// [`Sleep::notify`] (once per published task) reads `sleepers` first, so that while no thread
+/// sleeps it reads a line nobody writes instead of one the core threads write for every task.
 #[derive(Debug, Default)]
 pub struct Sleep {
-    epoch: AtomicU32,
-    sleepers: AtomicU32,
-    searching: AtomicU32,
+    epoch: CachePadded<AtomicU32>,
+    sleepers: CachePadded<AtomicU32>,
+    searching: CachePadded<AtomicU32>,
 }
 
 impl Sleep {
     /// After making work visible: wakes one sleeper when no thread is searching.
     pub fn notify(&self) {
         fence(Ordering::SeqCst);
-        if self.searching.load(Ordering::SeqCst) == 0 && self.sleepers.load(Ordering::SeqCst) > 0 {
+        // (Both loads follow the fence; which comes first does not matter to the argument.)
+        if self.sleepers.load(Ordering::SeqCst) > 0 && self.searching.load(Ordering::SeqCst) == 0 {
             self.epoch.fetch_add(1, Ordering::SeqCst);
             self.epoch.unpark_one();
         }

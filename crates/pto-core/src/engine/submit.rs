@@ -515,14 +515,23 @@ impl Orchestrator {
             deps.sort_unstable_by_key(|d| (d.id, d.slot));
             deps.dedup();
         }
-        // Which producers are live (retained, wired) and which poison it.
+        // Which producers are live (wired; retained when it has runtime outputs, which must
+        // outlive this task's reads) and which poison it. The ids of producers not retained
+        // are kept for traces (a retained one's id is read from its node).
+        let trace_ids = cfg!(test) || engine.tracing.load(Ordering::Relaxed);
+        let mut wire: SmallVec<[u32; 8]> = SmallVec::new();
         for d in &deps {
             if d.id == id {
                 continue;
             }
             if slab.get(d.slot).id.load(Ordering::Acquire) == d.id {
-                // (Its id, for traces, is read from its node: retained, the node keeps it.)
-                b.retains.push(d.slot);
+                wire.push(d.slot);
+                if aux.get(d.slot as usize).is_some_and(|a| a.lease.is_some()) {
+                    b.retains.push(d.slot);
+                } else if trace_ids {
+                    b.deps.push(d.id);
+                    b.payload.extras = 1;
+                }
             } else if let Some(r) = retired_failed.get(&d.id) {
                 root = root.max(r + 1);
                 b.deps.push(d.id);
@@ -537,16 +546,24 @@ impl Orchestrator {
         if root != 0 {
             s.root.store(root, Ordering::Release);
         }
-        // Wire: retain every live producer, and add an edge to those not finished yet.
         // SAFETY: published (installed) but not ready: only this thread reads `retains` now.
-        let retains = &unsafe { s.body() }.retains;
-        for &p in retains {
+        for &p in &unsafe { s.body() }.retains {
+            slab.get(p).refs.fetch_add(1, Ordering::AcqRel);
+        }
+        // Wire: an edge to every live producer not finished yet. (A finished one is only
+        // read: its node's line is not taken away from the thread that finished it.)
+        for &p in &wire {
             let ps = slab.get(p);
-            ps.refs.fetch_add(1, Ordering::AcqRel);
-            s.fanin.fetch_add(1, Ordering::AcqRel);
-            if !ps.succ.push(slot) {
-                // It finished meanwhile: no edge; it may have failed.
-                s.fanin.fetch_sub(1, Ordering::AcqRel);
+            let finished = ps.succ.is_finished() || {
+                s.fanin.fetch_add(1, Ordering::AcqRel);
+                let pushed = ps.succ.push(slot);
+                if !pushed {
+                    s.fanin.fetch_sub(1, Ordering::AcqRel);
+                }
+                !pushed
+            };
+            if finished {
+                // No edge; it may have failed.
                 let r = ps.root.load(Ordering::Acquire);
                 if r != 0 {
                     let _ = s
@@ -555,7 +572,7 @@ impl Orchestrator {
                 }
             }
         }
-        stats.edges += retains.len() as u64;
+        stats.edges += wire.len() as u64;
         *next_id += 1;
         rings[ring].commit(me, at, bytes);
         if let Some(sc) = scopes.last_mut() {
@@ -572,6 +589,10 @@ impl Orchestrator {
         // Publish: drop the wiring guard; the task is ready if every producer finished.
         if s.fanin.fetch_sub(1, Ordering::AcqRel) == 1 {
             release(engine, slot, dummy);
+        }
+        // The node the next task will take: fetch it while the caller builds that task.
+        if let Some(&n) = self.free.last() {
+            slab.get(n).prefetch();
         }
         Ok((TaskId(id), outputs))
     }
@@ -591,6 +612,10 @@ impl Orchestrator {
     pub(crate) fn reclaim(&mut self) {
         for r in 0..self.rings.len() {
             while let Some(&front) = self.rings[r].live.front() {
+                // Reclaiming writes each node a core thread wrote last: ask for a few ahead.
+                if let Some(ahead) = self.rings[r].live.get(4) {
+                    self.engine.slab.get(ahead.slot).prefetch();
+                }
                 if self.aux[front.slot as usize].scope_open {
                     break;
                 }

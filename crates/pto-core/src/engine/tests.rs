@@ -456,3 +456,50 @@ fn print_sizes() {
         std::mem::size_of::<crate::args::Scalar>(),
     );
 }
+
+/// Split of the engine's cost on one thread: submitting 1024 chained tasks (no core thread
+/// touches anything meanwhile), then running them. Prints; run by hand with --ignored.
+#[test]
+#[ignore]
+fn probe_submit_vs_run_cost() {
+    let e = engine(1, 2, 4096);
+    let mut o = orch(&e, 4096, 1 << 20);
+    let t = Tensor::zeros(&[1], DType::I64).unwrap();
+    let k = kernel();
+    let (mut sub, mut run, mut n) = (0f64, 0f64, 0usize);
+    let mut rot = 0;
+    let mut streak = 0;
+    for _ in 0..200 {
+        o.begin_scope(false).unwrap();
+        let t0 = std::time::Instant::now();
+        for _ in 0..1024 {
+            let plan = o.plan(Some(k.clone()), TaskArgs::new().inout(&t)).unwrap();
+            let at = o.place(&plan).ok().unwrap();
+            o.commit(plan, at).unwrap();
+        }
+        let t1 = std::time::Instant::now();
+        let mut held = None;
+        let mut next = e.find_work(&mut rot, &mut held);
+        while let Some(j) = next {
+            next = e.run_block(0, j, &mut streak);
+            if next.is_none() {
+                held = Some(j.core);
+                next = e.find_work(&mut rot, &mut held);
+            }
+        }
+        if let Some(c) = held.take() {
+            e.cores.release(c);
+        }
+        o.end_scope();
+        let t2 = std::time::Instant::now();
+        sub += (t1 - t0).as_secs_f64();
+        run += (t2 - t1).as_secs_f64();
+        n += 1024;
+    }
+    eprintln!(
+        "submit {:.0} ns/task, run + reclaim {:.0} ns/task",
+        sub * 1e9 / n as f64,
+        run * 1e9 / n as f64
+    );
+    o.close();
+}
