@@ -134,6 +134,9 @@ pub(crate) struct Orchestrator {
     retired_failed: FxHashMap<u64, u64>,
     aux: Vec<Aux>,
     free: Vec<u32>,
+    /// The free slot the next task takes, taken out of `free` and prefetched at the end of
+    /// the commit before (reclaims push onto `free` meanwhile).
+    next_slot: Option<u32>,
     /// Buffers this run claimed: its tasks use them without registering borrows.
     owned: Vec<Buffer>,
     rings_cfg: RingConfig,
@@ -168,6 +171,7 @@ impl Orchestrator {
             retired_failed: FxHashMap::default(),
             aux,
             free,
+            next_slot: None,
             owned: Vec::new(),
             rings_cfg: rings,
             nonce,
@@ -341,7 +345,7 @@ impl Orchestrator {
     }
 
     fn alloc_slot(&mut self) -> Result<u32, OrchError> {
-        if let Some(s) = self.free.pop() {
+        if let Some(s) = self.next_slot.take().or_else(|| self.free.pop()) {
             return Ok(s);
         }
         let r = self.engine.slab.grow().ok_or_else(|| {
@@ -591,8 +595,11 @@ impl Orchestrator {
             release(engine, slot, dummy);
         }
         // The node the next task will take: fetch it while the caller builds that task.
-        if let Some(&n) = self.free.last() {
-            slab.get(n).prefetch();
+        if self.next_slot.is_none() {
+            self.next_slot = self.free.pop();
+        }
+        if let Some(n) = self.next_slot {
+            self.engine.slab.get(n).prefetch();
         }
         Ok((TaskId(id), outputs))
     }
@@ -736,6 +743,7 @@ impl Orchestrator {
         for b in self.owned.drain(..) {
             b.release_owner(self.nonce);
         }
+        self.free.extend(self.next_slot.take());
         *self.engine.free.lock() = std::mem::take(&mut self.free);
         *self.engine.aux.lock() = std::mem::take(&mut self.aux);
     }

@@ -52,9 +52,32 @@ struct Side {
 }
 
 impl Side {
-    /// Index of the first entry whose key is not below `k`.
+    /// Index of the first entry whose key is not below `k`. Searched from the back first
+    /// (galloping, then a binary search in the last gap): programs mostly touch addresses at
+    /// or past the newest entries, and a binary search over a large side misses the cache at
+    /// every step.
     fn lower_bound(&self, k: (usize, u64)) -> usize {
-        self.entries.partition_point(|e| e.key() < k)
+        let n = self.entries.len();
+        let (mut hi, mut step) = (n, 1);
+        while hi > 0 {
+            let i = hi.saturating_sub(step);
+            if self.entries[i].key() < k {
+                // The answer lies in (i, hi].
+                let (mut lo, mut up) = (i + 1, hi);
+                while lo < up {
+                    let mid = lo + (up - lo) / 2;
+                    if self.entries[mid].key() < k {
+                        lo = mid + 1;
+                    } else {
+                        up = mid;
+                    }
+                }
+                return lo;
+            }
+            hi = i;
+            step *= 2;
+        }
+        0
     }
 
     fn is_empty(&self) -> bool {
