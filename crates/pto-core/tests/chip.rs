@@ -1123,3 +1123,39 @@ fn a_held_task_runs_while_the_orchestration_waits_outside_the_engine() {
     // Bounded by the longest park of an idle core thread (250 ms), not by a deadline.
     assert!(start.elapsed() < Duration::from_secs(3));
 }
+
+/// The engine's nodes keep the kernel their last task ran (to spare a reference count per
+/// task), but not past the run: once a program is dropped, nothing of it stays alive in the
+/// chip, and a second program with a kernel of the same name runs its own.
+#[test]
+fn a_chip_keeps_no_kernel_past_the_run_that_used_it() {
+    let chip = chip();
+    let t = Tensor::zeros(&[1], DType::I64).unwrap();
+    for (round, add) in [(0, 1i64), (1, 10)] {
+        let token = Arc::new(());
+        let held = token.clone();
+        let mut k = KernelRegistry::new();
+        k.register("bump", CoreKind::Aiv, move |ctx| {
+            let _ = &held;
+            ctx.output::<i64>(0)?.for_each_mut(|x| *x += add);
+            Ok(())
+        })
+        .unwrap();
+        let tc = t.clone();
+        let p = Program::new("keep", k, move |o| {
+            for _ in 0..100 {
+                o.submit("bump", TaskArgs::new().inout(&tc))?;
+            }
+            Ok(())
+        });
+        chip.run(&p).unwrap();
+        drop(p);
+        assert_eq!(
+            Arc::strong_count(&token),
+            1,
+            "round {round}: the kernel outlived its program"
+        );
+    }
+    // 100 runs of +1, then 100 of +10: each program ran its own kernel.
+    assert_eq!(t.read::<i64>().unwrap(), vec![1100]);
+}

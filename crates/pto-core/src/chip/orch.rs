@@ -103,7 +103,7 @@ impl<'a> Orch<'a> {
 
     fn submit_inner(
         &mut self,
-        kernel: Option<Arc<crate::kernel::Kernel>>,
+        kernel: Option<&Arc<crate::kernel::Kernel>>,
         args: TaskArgs,
     ) -> Result<Submitted, OrchError> {
         let plan = self.state.plan(kernel, args)?;
@@ -160,9 +160,7 @@ impl<'a> Orch<'a> {
         kernel: impl KernelRef,
         args: TaskArgs,
     ) -> Result<Submitted, OrchError> {
-        let k = kernel
-            .resolve_after(self.kernels, &mut self.last_kernel)?
-            .clone();
+        let k = kernel.resolve_after(self.kernels, &mut self.last_kernel)?;
         self.submit_inner(Some(k), args)
     }
 

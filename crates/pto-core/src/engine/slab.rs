@@ -168,8 +168,13 @@ impl Slot {
     /// the orchestrating thread (a full store buffer, or its next locked instruction waiting
     /// for them). Measured: the chain's submit costs about half as much with it.
     pub(crate) fn prefetch(&self) {
+        self.prefetch_lines(10);
+    }
+
+    /// Asks for the node's first `lines` lines for writing (see [`Slot::prefetch`]).
+    pub(crate) fn prefetch_lines(&self, lines: usize) {
         let p = (self as *const Slot).cast::<u8>();
-        for line in 0..10 {
+        for line in 0..lines {
             pto_shm::sync::prefetch_write(p.wrapping_add(line * 64));
         }
     }
@@ -235,7 +240,8 @@ impl Slot {
         self.id.store(FREE, Ordering::Release);
         // SAFETY: per the contract nobody else reads the body now.
         let b = unsafe { &mut *self.body.get() };
-        b.kernel = None;
+        // The kernel stays: the next task in this node most likely runs the same one (the
+        // orchestrator drops it when the run ends, `Slot::forget_kernel`).
         b.payload.tensors.clear();
         b.retains.clear();
         // The rarely used vectors, only when they hold something (their lines stay cold).
@@ -245,6 +251,18 @@ impl Slot {
             b.deps.clear();
             b.payload.extras = 0;
         }
+    }
+}
+
+impl Slot {
+    /// Drops the kernel a free node kept from its last task.
+    ///
+    /// # Safety
+    ///
+    /// As [`Slot::body_mut`]: only the orchestrating thread, on a free node.
+    pub(crate) unsafe fn forget_kernel(&self) {
+        // SAFETY: per the contract this is the only reference to the body.
+        unsafe { self.body_mut() }.kernel = None;
     }
 }
 

@@ -21,6 +21,9 @@ use crate::error::{OrchError, TaskFailure};
 use crate::kernel::Kernel;
 use crate::tensor::{Lease, Origin, Region, Tensor, TensorError, MAX_DIMS};
 
+/// How many nodes ahead a reclaim prefetches.
+const RECLAIM_AHEAD: usize = 8;
+
 /// Ring sizing for one run.
 #[derive(Clone)]
 pub(crate) struct RingConfig {
@@ -39,9 +42,11 @@ impl std::fmt::Debug for RingConfig {
     }
 }
 
-/// What submit decided before any state changed.
-pub(crate) struct Plan {
-    kernel: Option<Arc<Kernel>>,
+/// What submit decided before any state changed. It borrows the kernel: the task's node keeps
+/// the `Arc` it already holds when the kernel is the one it ran last (no reference count
+/// traffic per task).
+pub(crate) struct Plan<'k> {
+    kernel: Option<&'k Arc<Kernel>>,
     args: TaskArgs,
     /// Byte offsets of each runtime output within the task's allocation.
     out_offsets: SmallVec<[usize; 4]>,
@@ -49,7 +54,7 @@ pub(crate) struct Plan {
     ring: usize,
 }
 
-impl Plan {
+impl Plan<'_> {
     pub(crate) fn ring(&self) -> usize {
         self.ring
     }
@@ -81,7 +86,7 @@ fn align_up(n: usize, a: usize) -> usize {
     n.div_ceil(a) * a
 }
 
-fn invalid(kernel: &Option<Arc<Kernel>>, detail: String) -> OrchError {
+fn invalid(kernel: &Option<&Arc<Kernel>>, detail: String) -> OrchError {
     OrchError::InvalidArgs {
         kernel: kernel
             .as_ref()
@@ -222,11 +227,11 @@ impl Orchestrator {
     }
 
     /// Validates a submission and computes its output layout. Changes nothing.
-    pub(crate) fn plan(
+    pub(crate) fn plan<'k>(
         &self,
-        kernel: Option<Arc<Kernel>>,
+        kernel: Option<&'k Arc<Kernel>>,
         args: TaskArgs,
-    ) -> Result<Plan, OrchError> {
+    ) -> Result<Plan<'k>, OrchError> {
         if let Some(k) = &kernel {
             if !self.engine.cores.has(k.kind()) {
                 return Err(OrchError::NoCore {
@@ -307,7 +312,7 @@ impl Orchestrator {
     }
 
     /// Finds room for a plan now (reclaiming finished tasks first), or says why not.
-    pub(crate) fn place(&mut self, plan: &Plan) -> Result<usize, Blocked> {
+    pub(crate) fn place(&mut self, plan: &Plan<'_>) -> Result<usize, Blocked> {
         if let Ok(at) = self.rings[plan.ring].try_place(plan.bytes) {
             return Ok(at);
         }
@@ -362,7 +367,7 @@ impl Orchestrator {
     /// runtime outputs.
     pub(crate) fn commit(
         &mut self,
-        plan: Plan,
+        plan: Plan<'_>,
         at: usize,
     ) -> Result<(TaskId, Vec<Tensor>), OrchError> {
         let Plan {
@@ -412,7 +417,12 @@ impl Orchestrator {
         // SAFETY: the slot came from the free list: no other thread can reach it, and this is
         // the only reference to its body until `install`.
         let b = unsafe { s.body_mut() };
-        b.kernel = kernel;
+        // The node keeps the kernel of its last task (see `Slot::reclaim`): most programs
+        // submit one kernel many times, and then nothing is cloned or dropped here.
+        match (&b.kernel, kernel) {
+            (Some(old), Some(new)) if Arc::ptr_eq(old, new) => {}
+            _ => b.kernel = kernel.cloned(),
+        }
         b.payload.block_num = args.block_num;
         b.payload.deferred = deferred;
         if !args.scalars.is_empty() {
@@ -619,9 +629,10 @@ impl Orchestrator {
     pub(crate) fn reclaim(&mut self) {
         for r in 0..self.rings.len() {
             while let Some(&front) = self.rings[r].live.front() {
-                // Reclaiming writes each node a core thread wrote last: ask for a few ahead.
-                if let Some(ahead) = self.rings[r].live.get(4) {
-                    self.engine.slab.get(ahead.slot).prefetch();
+                // Reclaiming writes each node a core thread wrote last: ask for the lines it
+                // touches (shared state, the body's head and first tensor) a few nodes ahead.
+                if let Some(ahead) = self.rings[r].live.get(RECLAIM_AHEAD) {
+                    self.engine.slab.get(ahead.slot).prefetch_lines(4);
                 }
                 if self.aux[front.slot as usize].scope_open {
                     break;
@@ -744,6 +755,13 @@ impl Orchestrator {
             b.release_owner(self.nonce);
         }
         self.free.extend(self.next_slot.take());
+        // Free nodes kept their last task's kernel; the run is over, so let go of them (a
+        // kernel lives no longer than the runs that use it).
+        for &f in &self.free {
+            // SAFETY: a free node: no other thread reaches it, and this thread holds no other
+            // reference to its body.
+            unsafe { self.engine.slab.get(f).forget_kernel() };
+        }
         *self.engine.free.lock() = std::mem::take(&mut self.free);
         *self.engine.aux.lock() = std::mem::take(&mut self.aux);
     }

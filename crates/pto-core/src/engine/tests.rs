@@ -44,7 +44,8 @@ fn kernel() -> Arc<Kernel> {
 }
 
 fn submit(o: &mut Orchestrator, args: TaskArgs) -> u64 {
-    let plan = o.plan(Some(kernel()), args).unwrap();
+    let k = kernel();
+    let plan = o.plan(Some(&k), args).unwrap();
     let at = o.place(&plan).ok().unwrap();
     o.commit(plan, at).unwrap().0.get()
 }
@@ -188,7 +189,8 @@ fn a_ring_full_of_an_open_scope_is_a_deadlock_not_a_wait() {
         submit(&mut o, TaskArgs::new());
     }
     drain(&e);
-    let plan = o.plan(Some(kernel()), TaskArgs::new()).unwrap();
+    let k = kernel();
+    let plan = o.plan(Some(&k), TaskArgs::new()).unwrap();
     assert!(matches!(
         o.place(&plan),
         Err(Blocked::Never(OrchError::ScopeDeadlock { depth: 1, .. }))
@@ -236,7 +238,7 @@ fn probe_engine_cost() {
     while i < n {
         o.begin_scope(false).unwrap();
         for _ in 0..1024 {
-            let plan = o.plan(Some(k.clone()), TaskArgs::new().inout(&t)).unwrap();
+            let plan = o.plan(Some(&k), TaskArgs::new().inout(&t)).unwrap();
             let at = o.place(&plan).ok().unwrap();
             o.commit(plan, at).unwrap();
             let mut held = None;
@@ -369,7 +371,8 @@ mod ordering {
                             ArgMode::InOut => TaskArgs::new().inout(&t),
                             _ => TaskArgs::new().output_existing(&t),
                         };
-                        let plan = d.plan(Some(kernel()), args).unwrap();
+                        let k = kernel();
+                        let plan = d.plan(Some(&k), args).unwrap();
                         let at = loop {
                             match d.place(&plan) {
                                 Ok(at) => break Some(at),
@@ -473,7 +476,7 @@ fn probe_submit_vs_run_cost() {
         o.begin_scope(false).unwrap();
         let t0 = std::time::Instant::now();
         for _ in 0..1024 {
-            let plan = o.plan(Some(k.clone()), TaskArgs::new().inout(&t)).unwrap();
+            let plan = o.plan(Some(&k), TaskArgs::new().inout(&t)).unwrap();
             let at = o.place(&plan).ok().unwrap();
             o.commit(plan, at).unwrap();
         }
