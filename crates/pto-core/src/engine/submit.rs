@@ -460,26 +460,23 @@ impl Orchestrator {
                         if let Some(o) = &t.origin {
                             explicit.push(o.task.0);
                         }
-                        let (lookup, record) = match mode {
-                            ArgMode::In => (Some(false), Some(false)),
-                            ArgMode::InOut | ArgMode::OutputExisting => (Some(true), Some(true)),
-                            ArgMode::NoDep | ArgMode::Out => (None, None),
+                        // A read depends on writers and is recorded as a reader; an update or
+                        // an overwrite depends on both and is recorded as a writer.
+                        let write = match mode {
+                            ArgMode::In => Some(false),
+                            ArgMode::InOut | ArgMode::OutputExisting => Some(true),
+                            ArgMode::NoDep | ArgMode::Out => None,
                         };
-                        if lookup.is_some() || record.is_some() {
-                            let probe = Probe::of(t.region());
-                            if let Some(write) = lookup {
-                                tmap.lookup(
-                                    t.buffer().id(),
-                                    t.region(),
-                                    &probe,
-                                    write,
-                                    live,
-                                    &mut deps,
-                                );
-                            }
-                            if let Some(write) = record {
-                                tmap.insert(t.buffer().id(), t.region(), &probe, write, me);
-                            }
+                        if let Some(write) = write {
+                            tmap.access(
+                                t.buffer().id(),
+                                t.region(),
+                                &Probe::of(t.region()),
+                                write,
+                                me,
+                                live,
+                                &mut deps,
+                            );
                         }
                     }
                     b.payload.tensors.push((t, mode));

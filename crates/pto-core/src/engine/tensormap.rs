@@ -114,6 +114,70 @@ impl BufIndex {
     fn is_empty(&self) -> bool {
         self.sides.iter().all(Side::is_empty)
     }
+
+    /// The lookup of one access (see [`TensorMap::lookup`]); returns how many entries it
+    /// removed.
+    fn scan(
+        &mut self,
+        region: &Region,
+        probe: &Probe,
+        write: bool,
+        mut live: impl FnMut(TaskRef) -> Liveness,
+        deps: &mut SmallVec<[TaskRef; 8]>,
+    ) -> usize {
+        let (s, e, contig) = (probe.start, probe.end, probe.contig);
+        let mut removed = 0;
+        // A read looks at writers only; a write at both.
+        for side in &mut self.sides[usize::from(!write)..] {
+            if side.is_empty() {
+                continue;
+            }
+            // A small side is scanned whole: cheaper than searching it.
+            let first = if side.entries.len() <= 8 {
+                0
+            } else {
+                side.lower_bound((s.saturating_sub(side.max_len), 0))
+            };
+            let mut killed = 0;
+            for ent in side.entries.range_mut(first..) {
+                if ent.start >= e {
+                    break;
+                }
+                if ent.dead || ent.end <= s || ent.start == ent.end {
+                    continue;
+                }
+                let state = live(ent.task);
+                if state == Liveness::Retired {
+                    ent.dead = true;
+                    killed += 1;
+                    continue;
+                }
+                let o = if contig && ent.contig {
+                    // Both fill their byte ranges, which intersect.
+                    if s <= ent.start && ent.end <= e {
+                        Overlap::Covers
+                    } else {
+                        Overlap::Partial
+                    }
+                } else {
+                    overlap(region, &ent.region)
+                };
+                if o != Overlap::Disjoint {
+                    deps.push(ent.task);
+                    if write && o == Overlap::Covers && state == Liveness::Live {
+                        ent.dead = true;
+                        killed += 1;
+                    }
+                }
+            }
+            if killed > 0 {
+                side.dead += killed;
+                removed += killed;
+                side.tidy();
+            }
+        }
+        removed
+    }
 }
 
 /// An access's byte range and layout, computed once for its lookup and its insert.
@@ -169,80 +233,41 @@ impl TensorMap {
         region: &Region,
         probe: &Probe,
         write: bool,
-        mut live: impl FnMut(TaskRef) -> Liveness,
+        live: impl FnMut(TaskRef) -> Liveness,
         deps: &mut SmallVec<[TaskRef; 8]>,
     ) {
-        let (s, e, contig) = (probe.start, probe.end, probe.contig);
-        if s == e {
+        if probe.start == probe.end {
             return;
         }
-        let Some(idx) = self.bufs.get_mut(&buffer) else {
-            return;
-        };
-        // A read looks at writers only; a write at both.
-        for side in &mut idx.sides[usize::from(!write)..] {
-            if side.is_empty() {
-                continue;
-            }
-            let first = side.lower_bound((s.saturating_sub(side.max_len), 0));
-            let mut killed = 0;
-            for ent in side.entries.range_mut(first..) {
-                if ent.start >= e {
-                    break;
-                }
-                if ent.dead || ent.end <= s || ent.start == ent.end {
-                    continue;
-                }
-                let state = live(ent.task);
-                if state == Liveness::Retired {
-                    ent.dead = true;
-                    side.dead += 1;
-                    killed += 1;
-                    continue;
-                }
-                let o = if contig && ent.contig {
-                    // Both fill their byte ranges, which intersect.
-                    if s <= ent.start && ent.end <= e {
-                        Overlap::Covers
-                    } else {
-                        Overlap::Partial
-                    }
-                } else {
-                    overlap(region, &ent.region)
-                };
-                if o != Overlap::Disjoint {
-                    deps.push(ent.task);
-                    if write && o == Overlap::Covers && state == Liveness::Live {
-                        ent.dead = true;
-                        side.dead += 1;
-                        killed += 1;
-                    }
-                }
-            }
-            if killed > 0 {
-                self.entries -= killed;
-                side.tidy();
-            }
+        if let Some(idx) = self.bufs.get_mut(&buffer) {
+            self.entries -= idx.scan(region, probe, write, live, deps);
         }
     }
 
-    /// Records that `task` reads or writes `region` of `buffer`.
-    pub(crate) fn insert(
+    /// A task's access: [`TensorMap::lookup`], then records that `task` reads or writes
+    /// `region` of `buffer` (one probe of the map for both).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn access(
         &mut self,
         buffer: u64,
         region: &Region,
         probe: &Probe,
         write: bool,
         task: TaskRef,
+        live: impl FnMut(TaskRef) -> Liveness,
+        deps: &mut SmallVec<[TaskRef; 8]>,
     ) {
-        let (s, e) = (probe.start, probe.end);
+        let idx = self.bufs.entry(buffer).or_default();
+        if probe.start != probe.end {
+            self.entries -= idx.scan(region, probe, write, live, deps);
+        }
         self.seq += 1;
         self.entries += 1;
-        let side = &mut self.bufs.entry(buffer).or_default().sides[usize::from(write)];
-        side.max_len = side.max_len.max(e - s);
+        let side = &mut idx.sides[usize::from(write)];
+        side.max_len = side.max_len.max(probe.end - probe.start);
         let ent = Entry {
-            start: s,
-            end: e,
+            start: probe.start,
+            end: probe.end,
             seq: self.seq,
             task,
             contig: probe.contig,
