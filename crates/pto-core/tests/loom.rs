@@ -33,12 +33,13 @@ fn check(name: &str, bound: Option<usize>, f: impl Fn() + Sync + Send + 'static)
 }
 
 /// The orchestrator wires `consumers` consumers to one producer while another thread finishes
-/// the producer. A consumer's fan-in starts at 1 (the wiring guard), gains one per edge added,
-/// and is released by whoever takes it to zero: every consumer must be released exactly once,
-/// and never before the producer finished.
+/// the producer. A consumer's fan-in starts at 1 (the wiring guard) plus one for the edge about
+/// to be wired; the orchestrator subtracts the guard and, when the edge was refused, the edge in
+/// one step, and whoever takes it to zero releases it: every consumer must be released exactly
+/// once, and never before the producer finished.
 fn wiring_model(consumers: usize) {
     let succ = Arc::new(SuccList::default());
-    let fanin: Arc<Vec<AtomicU32>> = Arc::new((0..consumers).map(|_| AtomicU32::new(1)).collect());
+    let fanin: Arc<Vec<AtomicU32>> = Arc::new((0..consumers).map(|_| AtomicU32::new(2)).collect());
     let released: Arc<Vec<AtomicU32>> =
         Arc::new((0..consumers).map(|_| AtomicU32::new(0)).collect());
     let finished = Arc::new(AtomicU32::new(0));
@@ -67,13 +68,13 @@ fn wiring_model(consumers: usize) {
         })
     };
     for c in 0..consumers {
-        fanin[c].fetch_add(1, Ordering::AcqRel);
-        if !succ.push(c as u32) {
+        let mut unwired = 1;
+        if succ.is_finished() || !succ.push(c as u32) {
             // The producer finished: no edge.
-            fanin[c].fetch_sub(1, Ordering::AcqRel);
+            unwired += 1;
             assert!(succ.is_finished());
         }
-        if fanin[c].fetch_sub(1, Ordering::AcqRel) == 1 {
+        if fanin[c].fetch_sub(unwired, Ordering::AcqRel) == unwired {
             // Ready at submit: its producer must have finished (the edge was refused).
             assert!(succ.is_finished());
             released[c].fetch_add(1, Ordering::Relaxed);

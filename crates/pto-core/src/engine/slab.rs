@@ -203,14 +203,15 @@ impl Slot {
     }
 
     /// Publishes the task filled in with [`Slot::body_mut`]: resets the shared state and sets
-    /// its id.
+    /// its id. `fanin` counts the edges about to be wired plus one for the orchestrating
+    /// thread's guard (see `Orchestrator::commit`).
     ///
     /// # Safety
     ///
     /// Only the orchestrating thread calls it, on a free slot whose body it just filled.
-    pub(crate) unsafe fn install(&self, id: u64) {
+    pub(crate) unsafe fn install(&self, id: u64, fanin: u32) {
         self.succ.reset();
-        self.fanin.store(1, Ordering::Relaxed);
+        self.fanin.store(fanin, Ordering::Relaxed);
         // Unfinished (the open scope is counted by the orchestrating thread alone).
         self.refs.store(1, Ordering::Relaxed);
         self.root.store(0, Ordering::Relaxed);

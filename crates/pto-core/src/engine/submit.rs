@@ -549,8 +549,12 @@ impl Orchestrator {
                 b.payload.extras = 1;
             }
         }
+        // The fan-in starts at one guard plus one per producer about to be wired, so wiring
+        // takes no atomic on this node: a producer that finished first (or while its edge was
+        // being added) is counted off with the guard, in one subtraction at publish.
+        let fanin = 1 + wire.len() as u32;
         // SAFETY: the body is filled; the slot is still free for every other thread.
-        unsafe { s.install(id) };
+        unsafe { s.install(id, fanin) };
         if deferred {
             engine.deferred.lock().tasks.insert(id, slot);
         }
@@ -563,17 +567,11 @@ impl Orchestrator {
         }
         // Wire: an edge to every live producer not finished yet. (A finished one is only
         // read: its node's line is not taken away from the thread that finished it.)
+        let mut unwired = 1;
         for &p in &wire {
             let ps = slab.get(p);
-            let finished = ps.succ.is_finished() || {
-                s.fanin.fetch_add(1, Ordering::AcqRel);
-                let pushed = ps.succ.push(slot);
-                if !pushed {
-                    s.fanin.fetch_sub(1, Ordering::AcqRel);
-                }
-                !pushed
-            };
-            if finished {
+            if ps.succ.is_finished() || !ps.succ.push(slot) {
+                unwired += 1;
                 // No edge; it may have failed.
                 let r = ps.root.load(Ordering::Acquire);
                 if r != 0 {
@@ -597,8 +595,9 @@ impl Orchestrator {
             stats.dummy += 1;
         }
         engine.submitted.store(*next_id, Ordering::Release);
-        // Publish: drop the wiring guard; the task is ready if every producer finished.
-        if s.fanin.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // Publish: drop the guard and the edges not wired; the task is ready if every producer
+        // finished.
+        if s.fanin.fetch_sub(unwired, Ordering::AcqRel) == unwired {
             release(engine, slot, dummy);
         }
         // The node the next task will take: fetch it while the caller builds that task.
