@@ -1,7 +1,7 @@
-//! Loom models of the engine's lock-free protocols, run on the crate's real `SuccList` and
-//! `Sleep` (under `cfg(loom)` their atomics, mutex and futex come from loom through
-//! `pto_shm::sync`; the futex model's `park` has no timeout, so a lost wake-up is a deadlock
-//! the model reports). Run with `scripts/loom.sh`.
+//! Loom models of the engine's lock-free protocols, run on the crate's real `SuccList`,
+//! `Sleep`, `Held`, `OrchWait` and `Spmc` (under `cfg(loom)` their atomics, mutex and futex
+//! come from loom through `pto_shm::sync`; the futex model's `park` has no timeout, so a lost
+//! wake-up is a deadlock the model reports). Run with `scripts/loom.sh`.
 
 #![cfg(loom)]
 #![allow(clippy::unwrap_used)]
@@ -15,6 +15,7 @@ use loom::thread;
 use pto_core::engine::held::Held;
 use pto_core::engine::orchwait::OrchWait;
 use pto_core::engine::sleep::Sleep;
+use pto_core::engine::spmc::Spmc;
 use pto_core::engine::succ::SuccList;
 use pto_shm::sync::Ordering;
 
@@ -235,6 +236,45 @@ fn a_held_task_is_taken_exactly_once() {
         assert!(!held.is_some());
         for t in [1, 2] {
             assert_eq!(seen[t].load(Ordering::Relaxed), 1, "task {t}");
+        }
+    });
+}
+
+/// The orchestrating thread pushes three tasks into a ring of two entries (a refused push
+/// goes to the shared queue, counted here) while two core threads pop; the ring wraps, so a
+/// consumer may read an entry the producer then overwrites. Every task must be taken exactly
+/// once, with the value that was pushed.
+#[test]
+fn an_orchestrator_queue_entry_is_taken_exactly_once() {
+    check("spmc, 2 consumers, wrap", Some(3), || {
+        let q = Arc::new(Spmc::new(2));
+        let seen: Arc<Vec<AtomicU32>> = Arc::new((0..3).map(|_| AtomicU32::new(0)).collect());
+        let consumers: Vec<_> = (0..2)
+            .map(|_| {
+                let (q, seen) = (q.clone(), seen.clone());
+                thread::spawn(move || {
+                    for _ in 0..2 {
+                        if let Some(v) = q.pop() {
+                            seen[v as usize].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for v in 0..3u32 {
+            if let Err(v) = q.push(v) {
+                seen[v as usize].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        for c in consumers {
+            c.join().unwrap();
+        }
+        while let Some(v) = q.pop() {
+            seen[v as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        assert!(q.is_empty());
+        for v in 0..3 {
+            assert_eq!(seen[v].load(Ordering::Relaxed), 1, "task {v}");
         }
     });
 }

@@ -94,6 +94,23 @@ impl Engine {
         self.push_ready(slot, kind);
     }
 
+    /// Queues a ready task on the orchestrating thread's own queue of its shape (on the shared
+    /// one when that is full) and wakes a thread if none is looking.
+    pub(crate) fn push_from_orch(&self, slot: u32) {
+        let s = self.slab.get(slot);
+        s.set_state(State::Ready);
+        // SAFETY: the task is ready, not finished: its body stays until it finishes.
+        let kind = unsafe { s.body() }
+            .kernel
+            .as_ref()
+            .map_or(CoreKind::Aiv, |k| k.kind());
+        let q = queue_of(kind);
+        if let Err(slot) = self.orch_queues[q].push(slot) {
+            self.queues[q].push(slot);
+        }
+        self.sleep.notify();
+    }
+
     /// Claims the next block of a task this thread took from a queue (or is about to run as an
     /// immediate successor) on `core`; `None` when every block was taken already.
     fn claim_block(&self, slot: u32, core: CoreId) -> Option<Job> {
@@ -114,18 +131,9 @@ impl Engine {
     /// empty.
     pub(crate) fn find_work(&self, rotate: &mut usize, held: &mut Option<CoreId>) -> Option<Job> {
         if let Some(core) = *held {
-            let q = queue_of(core.kind);
-            loop {
-                match self.queues[q].steal() {
-                    crossbeam_deque::Steal::Success(slot) => {
-                        if let Some(job) = self.claim_block(slot, core) {
-                            *held = None;
-                            return Some(job);
-                        }
-                    }
-                    crossbeam_deque::Steal::Empty => break,
-                    crossbeam_deque::Steal::Retry => {}
-                }
+            if let Some(job) = self.take_from(queue_of(core.kind), core) {
+                *held = None;
+                return Some(job);
             }
             self.cores.release(core);
             *held = None;
@@ -138,26 +146,39 @@ impl Engine {
             [0, 2, 1]
         };
         for q in order {
-            if self.queues[q].is_empty() {
+            if self.queues[q].is_empty() && self.orch_queues[q].is_empty() {
                 continue;
             }
             let Some(core) = self.cores.claim(KINDS[q]) else {
                 continue;
             };
-            loop {
-                match self.queues[q].steal() {
-                    crossbeam_deque::Steal::Success(slot) => {
-                        if let Some(job) = self.claim_block(slot, core) {
-                            return Some(job);
-                        }
-                    }
-                    crossbeam_deque::Steal::Empty => break,
-                    crossbeam_deque::Steal::Retry => {}
-                }
+            if let Some(job) = self.take_from(q, core) {
+                return Some(job);
             }
             self.cores.release(core);
         }
         None
+    }
+
+    /// A block to run on `core` from ready queue `q`: the orchestrating thread's queue first
+    /// (it holds the tasks submitted ready, in order), then the shared one.
+    fn take_from(&self, q: usize, core: CoreId) -> Option<Job> {
+        while let Some(slot) = self.orch_queues[q].pop() {
+            if let Some(job) = self.claim_block(slot, core) {
+                return Some(job);
+            }
+        }
+        loop {
+            match self.queues[q].steal() {
+                crossbeam_deque::Steal::Success(slot) => {
+                    if let Some(job) = self.claim_block(slot, core) {
+                        return Some(job);
+                    }
+                }
+                crossbeam_deque::Steal::Empty => return None,
+                crossbeam_deque::Steal::Retry => {}
+            }
+        }
     }
 
     /// The task the orchestrating thread held back (see `Engine::held`), as a job on a core of

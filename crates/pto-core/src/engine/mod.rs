@@ -25,6 +25,7 @@ pub(crate) mod ring;
 pub(crate) mod slab;
 #[doc(hidden)]
 pub mod sleep;
+pub mod spmc;
 pub(crate) mod submit;
 #[doc(hidden)]
 pub mod succ;
@@ -49,9 +50,13 @@ use deferred::DeferredState;
 use orchwait::OrchWait;
 use slab::Slab;
 use sleep::Sleep;
+use spmc::Spmc;
 
 /// Rings, one per scope depth; depths past the last share it.
 pub(crate) const NUM_RINGS: usize = 4;
+/// Entries of the orchestrating thread's queue of each shape (more ready tasks than that go
+/// to the shared queue).
+const ORCH_QUEUE: usize = 4096;
 /// Low bits of a token that hold the task id (the high bits hold the run's nonce).
 pub(crate) const TOKEN_TASK_BITS: u32 = 40;
 pub(crate) const TOKEN_TASK_MASK: u64 = (1 << TOKEN_TASK_BITS) - 1;
@@ -137,6 +142,9 @@ pub(crate) struct Engine {
     pub(crate) aux: Mutex<Vec<submit::Aux>>,
     /// Ready queues: MIX, AIC, AIV.
     pub(crate) queues: [Injector<u32>; 3],
+    /// The tasks the orchestrating thread found ready at submit, per shape as `queues` (it is
+    /// their only producer: see [`spmc`]); the core threads take from both.
+    pub(crate) orch_queues: [Spmc; 3],
     pub(crate) cores: Cores,
     pub(crate) sleep: Sleep,
     pub(crate) orch: OrchWait,
@@ -206,6 +214,7 @@ impl Engine {
             free: Mutex::new(Vec::new()),
             aux: Mutex::new(Vec::new()),
             queues: [Injector::new(), Injector::new(), Injector::new()],
+            orch_queues: std::array::from_fn(|_| Spmc::new(ORCH_QUEUE)),
             cores: Cores::new(cfg.aic, cfg.aiv),
             sleep: Sleep::default(),
             orch: OrchWait::default(),
@@ -265,19 +274,21 @@ impl Engine {
 
     /// True when some ready queue holds an entry (or a task is held).
     pub(crate) fn has_ready(&self) -> bool {
-        self.queues.iter().any(|q| !q.is_empty()) || self.held.is_some()
+        self.queues.iter().any(|q| !q.is_empty())
+            || self.orch_queues.iter().any(|q| !q.is_empty())
+            || self.held.is_some()
     }
 
     /// A task the orchestrating thread found ready at submit: held back when the engine holds
-    /// (see [`Engine::held`]), queued otherwise.
+    /// (see [`Engine::held`]), queued otherwise. Only the orchestrating thread calls it.
     pub(crate) fn publish(&self, slot: u32) {
         if !self.hold {
-            self.push_job(slot);
+            self.push_from_orch(slot);
             return;
         }
         self.slab.get(slot).set_state(slab::State::Ready);
         if let Some(prev) = self.held.put(slot) {
-            self.push_job(prev);
+            self.push_from_orch(prev);
         }
     }
 
