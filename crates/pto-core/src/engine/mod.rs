@@ -140,6 +140,8 @@ pub(crate) struct Engine {
     pub(crate) free: Mutex<Vec<u32>>,
     /// The orchestrating thread's private state per slot, kept between runs.
     pub(crate) aux: Mutex<Vec<submit::Aux>>,
+    /// The nodes that may still hold a kernel (only the orchestrating thread uses it).
+    pub(crate) kept: Mutex<Vec<u32>>,
     /// Ready queues: MIX, AIC, AIV.
     pub(crate) queues: [Injector<u32>; 3],
     /// The tasks the orchestrating thread found ready at submit, per shape as `queues` (it is
@@ -213,6 +215,7 @@ impl Engine {
             slab: Slab::new(cfg.max_slots),
             free: Mutex::new(Vec::new()),
             aux: Mutex::new(Vec::new()),
+            kept: Mutex::new(Vec::new()),
             queues: [Injector::new(), Injector::new(), Injector::new()],
             orch_queues: std::array::from_fn(|_| Spmc::new(ORCH_QUEUE)),
             cores: Cores::new(cfg.aic, cfg.aiv),

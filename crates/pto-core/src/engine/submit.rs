@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use super::execute::Finish;
 use super::ring::{Full, Ring, OUT_ALIGN};
-use super::slab::State;
+use super::slab::{State, FREE};
 use super::tensormap::{Liveness, Probe, TensorMap};
 use super::{Engine, RunStats, TaskRef, NUM_RINGS, TOKEN_TASK_BITS};
 use crate::args::{ArgMode, OutInit, TaskArgs, TaskId, TensorArg};
@@ -80,6 +80,8 @@ struct Scope {
 pub(crate) struct Aux {
     lease: Option<Arc<Lease>>,
     scope_open: bool,
+    /// In `Orchestrator::kept`: its node may hold a kernel.
+    kept: bool,
 }
 
 fn align_up(n: usize, a: usize) -> usize {
@@ -139,6 +141,9 @@ pub(crate) struct Orchestrator {
     retired_failed: FxHashMap<u64, u64>,
     aux: Vec<Aux>,
     free: Vec<u32>,
+    /// The nodes that may hold their last task's kernel (each once; see `Aux::kept`): at the
+    /// end of a run the free ones let go of it, without a walk over every node.
+    kept: Vec<u32>,
     /// The free slot the next task takes, taken out of `free` and prefetched at the end of
     /// the commit before (reclaims push onto `free` meanwhile).
     next_slot: Option<u32>,
@@ -161,6 +166,7 @@ impl Orchestrator {
     pub(crate) fn new(engine: Arc<Engine>, rings: RingConfig, nonce: u64) -> Orchestrator {
         let free = std::mem::take(&mut *engine.free.lock());
         let aux = std::mem::take(&mut *engine.aux.lock());
+        let kept = std::mem::take(&mut *engine.kept.lock());
         Orchestrator {
             engine,
             next_id: 0,
@@ -176,6 +182,7 @@ impl Orchestrator {
             retired_failed: FxHashMap::default(),
             aux,
             free,
+            kept,
             next_slot: None,
             owned: Vec::new(),
             rings_cfg: rings,
@@ -408,6 +415,7 @@ impl Orchestrator {
             next_id,
             scopes,
             aux,
+            kept,
             stats,
             ..
         } = self;
@@ -421,7 +429,14 @@ impl Orchestrator {
         // submit one kernel many times, and then nothing is cloned or dropped here.
         match (&b.kernel, kernel) {
             (Some(old), Some(new)) if Arc::ptr_eq(old, new) => {}
-            _ => b.kernel = kernel.cloned(),
+            _ => {
+                b.kernel = kernel.cloned();
+                let a = &mut aux[slot as usize];
+                if kernel.is_some() && !a.kept {
+                    a.kept = true;
+                    kept.push(slot);
+                }
+            }
         }
         b.payload.block_num = args.block_num;
         b.payload.deferred = deferred;
@@ -752,12 +767,23 @@ impl Orchestrator {
         }
         self.free.extend(self.next_slot.take());
         // Free nodes kept their last task's kernel; the run is over, so let go of them (a
-        // kernel lives no longer than the runs that use it).
-        for &f in &self.free {
+        // kernel lives no longer than the runs that use it). A node still live (a stalled run)
+        // keeps its kernel until a later run frees it.
+        let (slab, aux) = (&self.engine.slab, &mut self.aux);
+        self.kept.retain(|&k| {
+            let s = slab.get(k);
+            if s.id.load(Ordering::Acquire) != FREE {
+                return true;
+            }
             // SAFETY: a free node: no other thread reaches it, and this thread holds no other
             // reference to its body.
-            unsafe { self.engine.slab.get(f).forget_kernel() };
-        }
+            unsafe { s.forget_kernel() };
+            if let Some(a) = aux.get_mut(k as usize) {
+                a.kept = false;
+            }
+            false
+        });
+        *self.engine.kept.lock() = std::mem::take(&mut self.kept);
         *self.engine.free.lock() = std::mem::take(&mut self.free);
         *self.engine.aux.lock() = std::mem::take(&mut self.aux);
     }
