@@ -78,6 +78,10 @@ struct Scope {
 /// runs (like the free slots), so that a run does not grow it again.
 #[derive(Debug, Default)]
 pub(crate) struct Aux {
+    /// `1 + id` of the task in the node while it is live, 0 once reclaimed: the node's `id`
+    /// mirrored here, so that telling a live producer from a retired one reads no line that
+    /// core threads write (the node's first line changes as its task runs and finishes).
+    live: u64,
     lease: Option<Arc<Lease>>,
     scope_open: bool,
     /// In `Orchestrator::kept`: its node may hold a kernel.
@@ -98,12 +102,8 @@ fn invalid(kernel: &Option<&Arc<Kernel>>, detail: String) -> OrchError {
 }
 
 /// Whether the task a TensorMap entry names is still live, retired after failing, or retired.
-fn liveness(
-    slab: &super::slab::Slab,
-    retired_failed: &FxHashMap<u64, u64>,
-    x: TaskRef,
-) -> Liveness {
-    if slab.get(x.slot).id.load(Ordering::Acquire) == x.id {
+fn liveness(aux: &[Aux], retired_failed: &FxHashMap<u64, u64>, x: TaskRef) -> Liveness {
+    if aux.get(x.slot as usize).is_some_and(|a| a.live == x.id + 1) {
         Liveness::Live
     } else if !retired_failed.is_empty() && retired_failed.contains_key(&x.id) {
         Liveness::RetiredFailed
@@ -455,7 +455,7 @@ impl Orchestrator {
             Some(false) => true,
             None => false,
         };
-        let live = |x: TaskRef| liveness(slab, retired_failed, x);
+        let live = |x: TaskRef| liveness(aux, retired_failed, x);
         let mut outputs = Vec::with_capacity(out_offsets.len());
         let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
         let mut explicit: SmallVec<[u64; 2]> = SmallVec::new();
@@ -550,7 +550,7 @@ impl Orchestrator {
             if d.id == id {
                 continue;
             }
-            if slab.get(d.slot).id.load(Ordering::Acquire) == d.id {
+            if liveness(aux, retired_failed, *d) == Liveness::Live {
                 wire.push(d.slot);
                 if aux.get(d.slot as usize).is_some_and(|a| a.lease.is_some()) {
                     b.retains.push(d.slot);
@@ -603,6 +603,7 @@ impl Orchestrator {
             sc.tasks.push(me);
         }
         let a = &mut aux[slot as usize];
+        a.live = id + 1;
         a.lease = lease;
         a.scope_open = true;
         stats.tasks += 1;
@@ -659,7 +660,9 @@ impl Orchestrator {
                 let deferred = unsafe { s.body() }.payload.deferred;
                 // SAFETY: as above.
                 unsafe { s.reclaim() };
-                if let Some(l) = self.aux[front.slot as usize].lease.take() {
+                let a = &mut self.aux[front.slot as usize];
+                a.live = 0;
+                if let Some(l) = a.lease.take() {
                     l.reclaim();
                 }
                 if root != 0 {
@@ -681,9 +684,8 @@ impl Orchestrator {
     /// Drops the TensorMap entries of every retired task (see `tensormap`). Only between
     /// submits: the task being committed is not installed yet and would look retired.
     fn sweep_tmap(&mut self) {
-        let slab = &self.engine.slab;
-        let retired = &self.retired_failed;
-        self.tmap.sweep(|x: TaskRef| liveness(slab, retired, x));
+        let (aux, retired) = (&self.aux, &self.retired_failed);
+        self.tmap.sweep(|x: TaskRef| liveness(aux, retired, x));
     }
 
     /// The producers a host read (or write) of `t` must wait for: how many, and the id of one
@@ -694,14 +696,13 @@ impl Orchestrator {
         write: bool,
     ) -> Result<(usize, u64), OrchError> {
         let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
-        let slab = &self.engine.slab;
-        let retired = &self.retired_failed;
+        let (aux, retired) = (&self.aux, &self.retired_failed);
         self.tmap.lookup(
             t.buffer().id(),
             t.region(),
             &Probe::of(t.region()),
             write,
-            |x: TaskRef| liveness(slab, retired, x),
+            |x: TaskRef| liveness(aux, retired, x),
             &mut deps,
         );
         if let Some(o) = &t.origin {
