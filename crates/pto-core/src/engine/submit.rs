@@ -462,40 +462,45 @@ impl Orchestrator {
         for d in &args.deps {
             explicit.push(d.0);
         }
-        let mut outs = out_offsets.iter();
+        // First the dependencies, reading the arguments where the caller put them; then one
+        // move of each into the node (a move between the two would copy each tensor twice).
         let mut tensors = args.tensors;
+        for (i, a) in tensors.iter().enumerate() {
+            let TensorArg::Existing(t, mode) = a else {
+                continue;
+            };
+            let mode = *mode;
+            let tracked = !manual && mode != ArgMode::NoDep;
+            if (!tracked || !own(owned, t.buffer())) && i < 64 {
+                b.registered |= 1 << i;
+            }
+            if manual {
+                continue;
+            }
+            if let Some(o) = &t.origin {
+                explicit.push(o.task.0);
+            }
+            // A read depends on writers and is recorded as a reader; an update or an overwrite
+            // depends on both and is recorded as a writer.
+            let write = match mode {
+                ArgMode::In => false,
+                ArgMode::InOut | ArgMode::OutputExisting => true,
+                ArgMode::NoDep | ArgMode::Out => continue,
+            };
+            tmap.access(
+                t.buffer().id(),
+                t.region(),
+                &Probe::of(t.region()),
+                write,
+                me,
+                live,
+                &mut deps,
+            );
+        }
+        let mut outs = out_offsets.iter();
         for (i, a) in tensors.drain(..).enumerate() {
             match a {
-                TensorArg::Existing(t, mode) => {
-                    let tracked = !manual && mode != ArgMode::NoDep;
-                    if (!tracked || !own(owned, t.buffer())) && i < 64 {
-                        b.registered |= 1 << i;
-                    }
-                    if !manual {
-                        if let Some(o) = &t.origin {
-                            explicit.push(o.task.0);
-                        }
-                        // A read depends on writers and is recorded as a reader; an update or
-                        // an overwrite depends on both and is recorded as a writer.
-                        let write = match mode {
-                            ArgMode::In => Some(false),
-                            ArgMode::InOut | ArgMode::OutputExisting => Some(true),
-                            ArgMode::NoDep | ArgMode::Out => None,
-                        };
-                        if let Some(write) = write {
-                            tmap.access(
-                                t.buffer().id(),
-                                t.region(),
-                                &Probe::of(t.region()),
-                                write,
-                                me,
-                                live,
-                                &mut deps,
-                            );
-                        }
-                    }
-                    b.payload.tensors.push((t, mode));
-                }
+                TensorArg::Existing(t, mode) => b.payload.tensors.push((t, mode)),
                 TensorArg::Create { shape, dtype, init } => {
                     let off = at + outs.next().copied().unwrap_or(0);
                     let Some(heap) = heap.clone() else {
