@@ -84,27 +84,25 @@ impl Engine {
     /// Queues a task that became ready (its first block; more are queued as blocks are
     /// claimed) and wakes a thread if none is looking.
     pub(crate) fn push_job(&self, slot: u32) {
+        let kind = self.mark_ready(slot);
+        self.push_ready(slot, kind);
+    }
+
+    /// Marks a task ready; returns the kind of core its kernel needs.
+    fn mark_ready(&self, slot: u32) -> CoreKind {
         let s = self.slab.get(slot);
         s.set_state(State::Ready);
         // SAFETY: the task is ready, not finished: its body stays until it finishes.
-        let kind = unsafe { s.body() }
+        unsafe { s.body() }
             .kernel
             .as_ref()
-            .map_or(CoreKind::Aiv, |k| k.kind());
-        self.push_ready(slot, kind);
+            .map_or(CoreKind::Aiv, |k| k.kind())
     }
 
     /// Queues a ready task on the orchestrating thread's own queue of its shape (on the shared
     /// one when that is full) and wakes a thread if none is looking.
     pub(crate) fn push_from_orch(&self, slot: u32) {
-        let s = self.slab.get(slot);
-        s.set_state(State::Ready);
-        // SAFETY: the task is ready, not finished: its body stays until it finishes.
-        let kind = unsafe { s.body() }
-            .kernel
-            .as_ref()
-            .map_or(CoreKind::Aiv, |k| k.kind());
-        let q = queue_of(kind);
+        let q = queue_of(self.mark_ready(slot));
         if let Err(slot) = self.orch_queues[q].push(slot) {
             self.queues[q].push(slot);
         }

@@ -88,6 +88,23 @@ fn live(o: &Orchestrator) -> usize {
     o.live_tasks()
 }
 
+/// Runs on this thread (as core thread 0) every block that is ready, and the consumers they make
+/// ready, keeping a core across blocks as a core thread does.
+fn run_ready(e: &Engine, rot: &mut usize, streak: &mut u32) {
+    let mut held = None;
+    let mut next = e.find_work(rot, &mut held);
+    while let Some(j) = next {
+        next = e.run_block(0, j, streak);
+        if next.is_none() {
+            held = Some(j.core);
+            next = e.find_work(rot, &mut held);
+        }
+    }
+    if let Some(c) = held.take() {
+        e.cores.release(c);
+    }
+}
+
 #[test]
 fn entries_leave_the_tensormap_when_tasks_retire() {
     let e = engine(1, 2, 64);
@@ -241,18 +258,7 @@ fn probe_engine_cost() {
             let plan = o.plan(Some(&k), TaskArgs::new().inout(&t)).unwrap();
             let at = o.place(&plan).ok().unwrap();
             o.commit(plan, at).unwrap();
-            let mut held = None;
-            let mut next = e.find_work(&mut rot, &mut held);
-            while let Some(j) = next {
-                next = e.run_block(0, j, &mut streak);
-                if next.is_none() {
-                    held = Some(j.core);
-                    next = e.find_work(&mut rot, &mut held);
-                }
-            }
-            if let Some(c) = held.take() {
-                e.cores.release(c);
-            }
+            run_ready(&e, &mut rot, &mut streak);
             i += 1;
         }
         o.end_scope();
@@ -481,18 +487,7 @@ fn probe_submit_vs_run_cost() {
             o.commit(plan, at).unwrap();
         }
         let t1 = std::time::Instant::now();
-        let mut held = None;
-        let mut next = e.find_work(&mut rot, &mut held);
-        while let Some(j) = next {
-            next = e.run_block(0, j, &mut streak);
-            if next.is_none() {
-                held = Some(j.core);
-                next = e.find_work(&mut rot, &mut held);
-            }
-        }
-        if let Some(c) = held.take() {
-            e.cores.release(c);
-        }
+        run_ready(&e, &mut rot, &mut streak);
         o.end_scope();
         let t2 = std::time::Instant::now();
         sub += (t1 - t0).as_secs_f64();
