@@ -1159,3 +1159,50 @@ fn a_chip_keeps_no_kernel_past_the_run_that_used_it() {
     // 100 runs of +1, then 100 of +10: each program ran its own kernel.
     assert_eq!(t.read::<i64>().unwrap(), vec![1100]);
 }
+
+/// More tasks ready at submit than the orchestrating thread's own queue holds (4096) while the
+/// only core thread is busy: the rest go to the shared queue, and every task runs exactly once.
+#[test]
+fn tasks_ready_at_submit_beyond_the_orchestrators_queue_all_run_once() {
+    static GATE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let chip = Chip::builder()
+        .aic_cores(1)
+        .aiv_cores(1)
+        .threads(1)
+        .ring_task_window(8192)
+        .wait_timeout(Duration::from_secs(10))
+        .stall_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let mut k = KernelRegistry::new();
+    // Holds the only core thread until the orchestrating thread has queued everything.
+    k.register("gate", CoreKind::Aiv, |_| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !GATE.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        Ok(())
+    })
+    .unwrap();
+    k.register("bump", CoreKind::Aiv, |ctx| {
+        ctx.output::<i64>(0)?.for_each_mut(|x| *x += 1);
+        Ok(())
+    })
+    .unwrap();
+    let n = 6000;
+    let cells = Tensor::zeros(&[n], DType::I64).unwrap();
+    let cs = cells.clone();
+    let p = Program::new("overflow", k, move |o| {
+        o.submit("gate", TaskArgs::new())?;
+        for j in 0..n {
+            o.submit(
+                "bump",
+                TaskArgs::new().output_existing(&cs.view(&[1], &[j])?),
+            )?;
+        }
+        GATE.store(true, Ordering::Release);
+        Ok(())
+    });
+    chip.run(&p).unwrap();
+    assert!(cells.read::<i64>().unwrap().iter().all(|&v| v == 1));
+}
