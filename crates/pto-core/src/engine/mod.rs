@@ -7,7 +7,8 @@
 //! * Every thread shares the task nodes ([`slab`]): an atomic count of unfinished producers, a
 //!   successor list closed by a "finished" bit ([`succ`]), a reference count that says when the
 //!   node may be reclaimed, and a state word.
-//! * Ready tasks go to lock-free queues, one per core shape; a thread that finishes a task runs
+//! * Ready tasks go to lock-free queues, one per core shape (those ready at submit to the
+//!   orchestrating thread's own single-producer ring, [`spmc`]); a thread that finishes a task runs
 //!   the first consumer it made ready itself ([`execute`]); idle threads spin briefly, then park
 //!   under a protocol that loses no wake-up ([`sleep`]).
 //!
