@@ -2,7 +2,7 @@
 //!
 //! Several processes (the ranks of a job, a Worker's children) often share one stderr. Rust's
 //! `eprintln!` writes a formatted line in pieces, one `write` per piece, so another process's
-//! line can land in the middle of it. [`line`] formats first and writes once: a line shorter
+//! line can land in the middle of it. [`line()`] formats first and writes once: a line shorter
 //! than the pipe buffer (4 KiB) arrives whole.
 
 use std::io::Write;
@@ -15,7 +15,7 @@ pub fn line(msg: impl std::fmt::Display) {
     let _ = std::io::stderr().lock().write_all(s.as_bytes());
 }
 
-/// [`line`] with `format!` arguments.
+/// [`line()`] with `format!` arguments.
 #[macro_export]
 macro_rules! eprint_line {
     ($($arg:tt)*) => {

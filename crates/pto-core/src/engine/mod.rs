@@ -2,14 +2,14 @@
 //! completion and reclamation, with no chip-wide lock on the hot path.
 //!
 //! * The orchestrating thread alone owns the TensorMap, the rings and the scopes
-//!   ([`submit::Orchestrator`]): it infers a task's producers, wires the edges and publishes the
+//!   (`submit::Orchestrator`): it infers a task's producers, wires the edges and publishes the
 //!   task; it reclaims finished task nodes from the front of each ring.
-//! * Every thread shares the task nodes ([`slab`]): an atomic count of unfinished producers, a
+//! * Every thread shares the task nodes (`slab`): an atomic count of unfinished producers, a
 //!   successor list closed by a "finished" bit ([`succ`]), a reference count that says when the
 //!   node may be reclaimed, and a state word.
 //! * Ready tasks go to lock-free queues, one per core shape (those ready at submit to the
 //!   orchestrating thread's own single-producer ring, [`spmc`]); a thread that finishes a task runs
-//!   the first consumer it made ready itself ([`execute`]); idle threads spin briefly, then park
+//!   the first consumer it made ready itself (`execute`); idle threads spin briefly, then park
 //!   under a protocol that loses no wake-up ([`sleep`]).
 //!
 //! The protocols are described in `docs/design/dependency-engine.md` and
