@@ -80,7 +80,12 @@ impl Orchestrator {
                     if let Some(l) = &a.lease {
                         l.reclaim();
                     }
-                    *a = Aux::default();
+                    // Still listed in `kept` if it was: the flag says so, or a later task in
+                    // this node would list it twice.
+                    *a = Aux {
+                        kept: a.kept,
+                        ..Aux::default()
+                    };
                 }
             }
         }
