@@ -309,11 +309,12 @@ impl World {
                     start: st.load(Ordering::Relaxed),
                 };
                 if id.pid != 0 && !id.is_alive() {
+                    // The peer may have left cleanly between the state read above and the
+                    // probe (its process then ends): only a peer still running is marked dead.
+                    // Either way its state now says what happened, and a rank lost earlier (the
+                    // root cause this peer may have reacted to) is named first.
                     self.mark_died(p, id.pid);
-                    return Err(CommError::PeerDied {
-                        rank: p,
-                        pid: id.pid,
-                    });
+                    return self.check_states(me, peers);
                 }
             }
         }
@@ -551,6 +552,31 @@ mod tests {
             w.check(4, &[1]),
             Err(CommError::PeerGone { rank: 1, .. })
         ));
+        Ok(())
+    }
+
+    /// A peer found gone by the `/proc` probe after an earlier loss is not named in place of
+    /// the rank lost first: it may only have reacted to that loss (left, then ended, between
+    /// the state read and the probe). Seen as a flaky 256-rank kill test before the fix.
+    #[test]
+    fn a_probe_that_finds_a_peer_gone_names_the_first_rank_lost() -> Result<(), CommError> {
+        let w = create_world(3, Transport::Shm, 0, Duration::from_secs(5))?;
+        for r in 0..3 {
+            w.join(r)?;
+        }
+        // Rank 1's slot holds a process that has ended (a reaped child's pid).
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn `true`");
+        child.wait().expect("reap `true`");
+        w.slot(1).0.store(child.id(), Ordering::Release);
+        w.mark_died(2, 4242);
+        match w.check(0, &[1]) {
+            Err(CommError::PeerDied { rank: 2, .. }) => {}
+            other => panic!("expected rank 2 named, got {other:?}"),
+        }
+        // Rank 1 was still running by its slot: the probe marked it dead for everyone.
+        assert_eq!(w.slot(1).1.load(Ordering::Acquire), DIED);
         Ok(())
     }
 }
