@@ -43,6 +43,12 @@ impl std::fmt::Debug for DeferredState {
     }
 }
 
+/// How many of the oldest waiting tasks a task that defers polls besides its own conditions:
+/// the oldest are the likeliest to have completed, and polling them keeps completions flowing
+/// while every thread is busy running tasks (nobody searches, so nobody is the poller), at a
+/// bounded cost per deferred task.
+const OLDEST_POLLED: usize = 4;
+
 impl Engine {
     /// A deferred task's last block returned with `regs`: it waits for them (or finishes now if
     /// they already hold, or fails if there are too many).
@@ -75,8 +81,9 @@ impl Engine {
             self.has_waiting
                 .store(true, std::sync::atomic::Ordering::Release);
         }
-        // The conditions may hold already.
-        self.poll_async(tid);
+        // The conditions may hold already: poll this task's (the others are the poller's; a
+        // poll of every waiting task here would cost O(waiting) per deferred task).
+        self.poll_deferred(tid, Some(id));
         None
     }
 
@@ -111,6 +118,12 @@ impl Engine {
     /// Drains the completion queue and polls every waiting task; finishes (or fails) those
     /// whose conditions are settled. One thread at a time; returns true when anything happened.
     pub(crate) fn poll_async(&self, tid: Option<usize>) -> bool {
+        self.poll_deferred(tid, None)
+    }
+
+    /// [`Engine::poll_async`]; when `only` is given, polling only that task's conditions and
+    /// those of the [`OLDEST_POLLED`] oldest waiting tasks.
+    fn poll_deferred(&self, tid: Option<usize>, only: Option<u64>) -> bool {
         let Some(mut d) = self.deferred.try_lock() else {
             return false;
         };
@@ -124,7 +137,12 @@ impl Engine {
         let tracing = self.tracing.load(std::sync::atomic::Ordering::Relaxed);
         let mut held: Vec<(u64, crate::trace::Mark)> = Vec::new();
         let tokens = std::mem::take(&mut d.tokens);
+        let mut index = 0usize;
         d.waiting.retain_mut(|w| {
+            index += 1;
+            if only.is_some_and(|o| o != w.id) && index > OLDEST_POLLED {
+                return true;
+            }
             let (seen, token_error) = if tokens.is_empty() {
                 (0, None)
             } else {
