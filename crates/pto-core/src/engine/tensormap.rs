@@ -30,7 +30,9 @@ struct Entry {
     contig: bool,
     /// Removed: skipped by lookups, dropped when the side is compacted.
     dead: bool,
-    region: Region,
+    /// The region, in the map's region pool: read only when the byte ranges cannot answer
+    /// (a layout that is not contiguous), so entries stay small and cheap to shift.
+    region: u32,
 }
 
 impl Entry {
@@ -84,21 +86,31 @@ impl Side {
         self.entries.len() == self.dead
     }
 
-    /// Drops dead entries from both ends, and from everywhere once they are half the side.
-    fn tidy(&mut self) {
+    /// Drops dead entries from both ends, and from everywhere once they are half the side;
+    /// their regions go back to the pool's free list.
+    fn tidy(&mut self, free: &mut Vec<u32>) {
         if self.dead == 0 {
             return;
         }
         while self.entries.front().is_some_and(|e| e.dead) {
-            self.entries.pop_front();
+            if let Some(e) = self.entries.pop_front() {
+                free.push(e.region);
+            }
             self.dead -= 1;
         }
         while self.entries.back().is_some_and(|e| e.dead) {
-            self.entries.pop_back();
+            if let Some(e) = self.entries.pop_back() {
+                free.push(e.region);
+            }
             self.dead -= 1;
         }
         if self.dead >= 8 && self.dead * 2 >= self.entries.len() {
-            self.entries.retain(|e| !e.dead);
+            self.entries.retain(|e| {
+                if e.dead {
+                    free.push(e.region);
+                }
+                !e.dead
+            });
             self.dead = 0;
         }
     }
@@ -117,8 +129,10 @@ impl BufIndex {
 
     /// The lookup of one access (see [`TensorMap::lookup`]); returns how many entries it
     /// removed.
+    #[allow(clippy::too_many_arguments)]
     fn scan(
         &mut self,
+        pool: &mut RegionPool,
         region: &Region,
         probe: &Probe,
         write: bool,
@@ -160,7 +174,7 @@ impl BufIndex {
                         Overlap::Partial
                     }
                 } else {
-                    overlap(region, &ent.region)
+                    overlap(region, pool.get(ent.region))
                 };
                 if o != Overlap::Disjoint {
                     deps.push(ent.task);
@@ -173,7 +187,7 @@ impl BufIndex {
             if killed > 0 {
                 side.dead += killed;
                 removed += killed;
-                side.tidy();
+                side.tidy(&mut pool.free);
             }
         }
         removed
@@ -210,9 +224,37 @@ pub(crate) enum Liveness {
     Retired,
 }
 
+/// The regions of the map's entries, by index; indices of removed entries are reused.
+#[derive(Default, Debug)]
+struct RegionPool {
+    regions: Vec<Region>,
+    free: Vec<u32>,
+}
+
+impl RegionPool {
+    fn get(&self, i: u32) -> &Region {
+        &self.regions[i as usize]
+    }
+
+    fn put(&mut self, r: &Region) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.regions[i as usize] = *r;
+                i
+            }
+            None => {
+                self.regions.push(*r);
+                // Entries are bounded by the live tasks' arguments: far below u32::MAX.
+                (self.regions.len() - 1) as u32
+            }
+        }
+    }
+}
+
 #[derive(Default, Debug)]
 pub(crate) struct TensorMap {
     bufs: FxHashMap<u64, BufIndex>,
+    pool: RegionPool,
     seq: u64,
     /// Entries not dead.
     entries: usize,
@@ -240,7 +282,7 @@ impl TensorMap {
             return;
         }
         if let Some(idx) = self.bufs.get_mut(&buffer) {
-            self.entries -= idx.scan(region, probe, write, live, deps);
+            self.entries -= idx.scan(&mut self.pool, region, probe, write, live, deps);
         }
     }
 
@@ -259,7 +301,7 @@ impl TensorMap {
     ) {
         let idx = self.bufs.entry(buffer).or_default();
         if probe.start != probe.end {
-            self.entries -= idx.scan(region, probe, write, live, deps);
+            self.entries -= idx.scan(&mut self.pool, region, probe, write, live, deps);
         }
         self.seq += 1;
         self.entries += 1;
@@ -272,7 +314,7 @@ impl TensorMap {
             task,
             contig: probe.contig,
             dead: false,
-            region: *region,
+            region: self.pool.put(region),
         };
         // Usually past the last entry (increasing addresses, increasing sequence).
         if side.entries.back().is_none_or(|b| b.key() < ent.key()) {
@@ -292,10 +334,16 @@ impl TensorMap {
     /// without entries are forgotten.
     pub(crate) fn sweep(&mut self, mut live: impl FnMut(TaskRef) -> Liveness) {
         let mut left = 0;
+        let free = &mut self.pool.free;
         self.bufs.retain(|_, idx| {
             for side in &mut idx.sides {
-                side.entries
-                    .retain(|e| !e.dead && live(e.task) != Liveness::Retired);
+                side.entries.retain(|e| {
+                    let keep = !e.dead && live(e.task) != Liveness::Retired;
+                    if !keep {
+                        free.push(e.region);
+                    }
+                    keep
+                });
                 side.dead = 0;
                 left += side.entries.len();
             }
