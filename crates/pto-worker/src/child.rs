@@ -8,6 +8,7 @@ use std::sync::Arc;
 use pto_comm::shm::ShmWorld;
 use pto_comm::{Cause, CommContext, Window};
 use pto_core::{Chip, Program, RunOptions, Scalar, Tensor};
+use smallvec::SmallVec;
 
 use crate::frame::{Frame, FrameKind, Outcome, TensorDesc};
 use crate::mailbox::{BootFacts, Mailbox, RESULT_CAP};
@@ -34,8 +35,8 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 
 fn tensor(cache: &SegmentCache, d: &TensorDesc) -> Result<(Tensor, pto_core::ArgMode), String> {
     let buf = cache.buffer(&d.segment, d.buffer_offset, d.buffer_len)?;
-    let shape: Vec<usize> = d.shape.iter().map(|&v| v as usize).collect();
-    let strides: Vec<usize> = d.strides.iter().map(|&v| v as usize).collect();
+    let shape: SmallVec<[usize; 8]> = d.shape.iter().map(|&v| v as usize).collect();
+    let strides: SmallVec<[usize; 8]> = d.strides.iter().map(|&v| v as usize).collect();
     let t = Tensor::strided(buf, d.dtype, &shape, &strides, d.offset as usize)
         .map_err(|e| format!("tensor in {}: {e}", d.segment))?;
     Ok((t, d.mode))

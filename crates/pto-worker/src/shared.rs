@@ -3,12 +3,12 @@
 
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use pto_core::{AllocError, Buffer, ExternalMemory};
 use pto_shm::{segment_kind, HeaderInit, Segment, HEADER_LEN};
+use rustc_hash::FxHashMap;
 
 /// Where a shared buffer's bytes start in its segment (64-aligned).
 pub const DATA_OFFSET: usize = HEADER_LEN;
@@ -64,13 +64,13 @@ pub fn shared_buffer(bytes: usize) -> Result<Buffer, AllocError> {
 /// frame).
 #[derive(Default, Debug)]
 pub struct SegmentCache {
-    map: Mutex<HashMap<String, Mapped>>,
+    map: Mutex<FxHashMap<String, Mapped>>,
 }
 
 #[derive(Debug)]
 struct Mapped {
     seg: Arc<Segment>,
-    buffers: HashMap<(u64, u64), Buffer>,
+    buffers: FxHashMap<(u64, u64), Buffer>,
 }
 
 impl SegmentCache {
@@ -93,7 +93,7 @@ impl SegmentCache {
                 );
                 m.entry(name.to_string()).or_insert(Mapped {
                     seg,
-                    buffers: HashMap::new(),
+                    buffers: FxHashMap::default(),
                 })
             }
         };
