@@ -279,10 +279,8 @@ pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> 
             let mut tickets = Vec::with_capacity(members.len());
             for (g, &m) in guards.iter_mut().zip(&members) {
                 tickets.push(
-                    st.post_locked(m, g, task, |lane, ident| {
-                        lane.send(ident, &frame).map_err(|e| e.to_string())
-                    })
-                    .map_err(KernelError::msg)?,
+                    st.post_queued(m, g, task, &frame)
+                        .map_err(KernelError::msg)?,
                 );
             }
             tickets

@@ -5,10 +5,12 @@
 //! completes later, through a deferred-completion condition that polls its [`Ticket`]).
 //!
 //! Results are taken in generation order by whichever host thread looks first (a condition's
-//! poll, a blocking wait, a send that needs a free lane) and kept until their ticket asks. A
-//! lane is written again only after its result was taken. Deadlines run from the moment a frame
-//! becomes the oldest in flight: a child is silent when its oldest frame gets no answer for the
-//! Worker's timeout (plus a grace), whatever waits behind it. See `docs/design/worker.md`.
+//! poll, a blocking wait, a post) and kept until their ticket asks. A lane is written again
+//! only after its result was taken. A frame posted while every lane is busy waits in the
+//! child's host-side queue (the posting thread does not wait): whoever takes a result sends the
+//! next queued frame into the lane it freed. Deadlines run from the moment a frame becomes the
+//! oldest in flight: a child is silent when its oldest frame gets no answer for the Worker's
+//! timeout (plus a grace), whatever waits behind it. See `docs/design/worker.md`.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant};
 use crate::failure::FailKind;
 use crate::frame::Outcome;
 use crate::host::{kind_of, HostState, GRACE};
-use crate::mailbox::{Ident, Mailbox};
+use crate::mailbox::{Ident, Mailbox, FRAME_CAP};
 
 /// How often a wait for results looks whether the child is still alive (a `waitpid`) and
 /// whether its oldest frame is past its deadline.
@@ -41,6 +43,9 @@ pub(crate) struct Pipe {
     pub(crate) sent: u64,
     /// Frames sent whose results were not taken yet, oldest first.
     inflight: VecDeque<Ident>,
+    /// Frames posted while every lane was busy, oldest first (empty whenever a lane is free):
+    /// each goes into the lane that the result taken before it frees.
+    queued: VecDeque<(Ident, Vec<u8>)>,
     /// Since when the oldest frame in flight has been the oldest.
     head_since: Instant,
     last_look: Instant,
@@ -59,6 +64,7 @@ impl Pipe {
         Pipe {
             sent: 0,
             inflight: VecDeque::new(),
+            queued: VecDeque::new(),
             head_since: now,
             last_look: now,
             done: Vec::new(),
@@ -67,9 +73,9 @@ impl Pipe {
         }
     }
 
-    /// True when no frame is in flight (nothing is queued on the child).
+    /// True when no frame is in flight or queued for the child.
     pub(crate) fn idle(&self) -> bool {
-        self.inflight.is_empty()
+        self.inflight.is_empty() && self.queued.is_empty()
     }
 
     fn claim(&mut self, generation: u64) -> Option<Result<Outcome, String>> {
@@ -97,8 +103,8 @@ fn lane_index(lanes: usize, g: u64) -> usize {
 }
 
 impl HostState {
-    /// Sends `frame` for host task `task` to `child` once it has a free lane (waiting, within
-    /// the deadline of its oldest frame, for one to free up).
+    /// Sends `frame` for host task `task` to `child`: into a free lane, or into the child's
+    /// host-side queue when every lane is busy (it never waits).
     ///
     /// # Errors
     ///
@@ -106,13 +112,64 @@ impl HostState {
     pub(crate) fn post(&self, child: usize, task: u64, frame: &[u8]) -> Result<Ticket, String> {
         let c = &self.children[child];
         let mut p = c.pipe.lock();
-        self.post_locked(child, &mut p, task, |lane, ident| {
-            lane.send(ident, frame).map_err(|e| e.to_string())
+        self.post_queued(child, &mut p, task, frame)
+    }
+
+    /// [`HostState::post`] with the child's lock held.
+    pub(crate) fn post_queued(
+        &self,
+        child: usize,
+        p: &mut Pipe,
+        task: u64,
+        frame: &[u8],
+    ) -> Result<Ticket, String> {
+        let c = &self.children[child];
+        if frame.len() > FRAME_CAP {
+            return Err(format!(
+                "task frame of {} bytes exceeds the mailbox's {FRAME_CAP}",
+                frame.len()
+            ));
+        }
+        self.advance(child, p);
+        if let Some(l) = &p.lost {
+            return Err(l.clone());
+        }
+        let ident = Ident {
+            run: self.run.load(std::sync::atomic::Ordering::Relaxed),
+            task,
+            generation: p.sent + 1,
+        };
+        if p.queued.is_empty() && p.inflight.len() < c.lanes.len() {
+            lane_of(&c.lanes, ident.generation)
+                .send(ident, frame)
+                .map_err(|e| e.to_string())?;
+            p.sent = ident.generation;
+            self.in_flight(p, ident);
+        } else {
+            p.sent = ident.generation;
+            p.queued.push_back((ident, frame.to_vec()));
+        }
+        Ok(Ticket {
+            child,
+            ident,
+            lane: lane_index(c.lanes.len(), ident.generation),
         })
     }
 
-    /// [`HostState::post`] with the child's lock held and a custom `send` (which must publish
-    /// exactly one frame on success, and nothing on error).
+    /// Counts a published frame in flight.
+    fn in_flight(&self, p: &mut Pipe, ident: Ident) {
+        if p.inflight.is_empty() {
+            let now = Instant::now();
+            p.head_since = now;
+            p.last_look = now;
+        }
+        p.inflight.push_back(ident);
+        p.peak = p.peak.max(p.inflight.len());
+    }
+
+    /// A post with the child's lock held and a custom `send` (which must publish exactly one
+    /// frame on success, and nothing on error) that waits, within the deadline of the oldest
+    /// frame, for a free lane and an empty queue (a test hook's raw frames).
     pub(crate) fn post_locked(
         &self,
         child: usize,
@@ -129,7 +186,7 @@ impl HostState {
             let Some(&head) = p.inflight.front() else {
                 break;
             };
-            if p.inflight.len() < c.lanes.len() {
+            if p.inflight.len() < c.lanes.len() && p.queued.is_empty() {
                 break;
             }
             let _ = lane_of(&c.lanes, head.generation)
@@ -144,13 +201,7 @@ impl HostState {
         // would leave it waiting forever.
         send(lane_of(&c.lanes, ident.generation), ident)?;
         p.sent = ident.generation;
-        if p.inflight.is_empty() {
-            let now = Instant::now();
-            p.head_since = now;
-            p.last_look = now;
-        }
-        p.inflight.push_back(ident);
-        p.peak = p.peak.max(p.inflight.len());
+        self.in_flight(p, ident);
         Ok(Ticket {
             child,
             ident,
@@ -253,7 +304,9 @@ impl HostState {
             }
         }
         if let Some(l) = &p.lost {
-            for id in p.inflight.drain(..) {
+            // In generation order: every frame in flight, then every queued one.
+            let queued = p.queued.drain(..).map(|(id, _)| id).collect::<Vec<_>>();
+            for id in p.inflight.drain(..).chain(queued) {
                 p.done.push((id.generation, Err(l.clone())));
                 c.taken.store(id.generation, Ordering::Release);
             }
@@ -283,6 +336,13 @@ impl HostState {
             p.head_since = Instant::now();
             p.done.push((head.generation, r));
             c.taken.store(head.generation, Ordering::Release);
+            // The lane it freed carries the next queued frame (queued frames follow every frame
+            // in flight, one lane round behind).
+            if let Some((id, bytes)) = p.queued.pop_front() {
+                // The size was checked when it was queued: the send cannot fail.
+                let _ = lane_of(&c.lanes, id.generation).send(id, &bytes);
+                self.in_flight(p, id);
+            }
         }
     }
 }

@@ -369,14 +369,16 @@ fn chip_tasks_queue_on_their_chips_and_every_result_arrives() -> Result<(), Fail
     no_residue()
 }
 
-/// A chip silent past the Worker's timeout with frames queued: it is named, stopped, and every
-/// queued task fails within about the timeout (not the timeout once per queued frame).
+/// A chip silent past the Worker's timeout with frames queued (in its mailbox lanes and, past
+/// them, on the host): it is named, stopped, and every queued task fails within about the
+/// timeout (not the timeout once per queued frame).
 fn a_silent_chip_with_frames_queued_is_stopped_after_one_timeout() -> Result<(), Failed> {
     let w = builder(2).timeout(Duration::from_secs(1)).init()?;
     let t = Instant::now();
     let err = w
         .run(|h| {
-            for _ in 0..4 {
+            // More than the chip's eight lanes: four wait on the host.
+            for _ in 0..12 {
                 h.submit_chip(0, "sleep", TaskArgs::new())?;
             }
             Ok(())
