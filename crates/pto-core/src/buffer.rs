@@ -30,6 +30,7 @@
 #![allow(unsafe_code)]
 
 use std::alloc::Layout;
+use std::collections::VecDeque;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -112,7 +113,46 @@ impl Drop for Memory {
 struct Borrow {
     token: u64,
     region: Region,
-    write: bool,
+}
+
+/// A buffer's registered borrows, readers apart from writers: a read only looks at the writes,
+/// and borrows end mostly in the order they began (the oldest first), so an end finds its
+/// entries near the front.
+#[derive(Default)]
+struct Borrows {
+    reads: VecDeque<Borrow>,
+    writes: VecDeque<Borrow>,
+}
+
+impl Borrows {
+    /// A registered borrow other than `token`'s that `region` collides with (a read looks at
+    /// the writes only).
+    fn conflict(&self, token: u64, region: &Region, write: bool) -> Option<u64> {
+        let hit = |l: &VecDeque<Borrow>| {
+            l.iter()
+                .find(|b| b.token != token && intersects(region, &b.region))
+                .map(|b| b.token)
+        };
+        hit(&self.writes).or_else(|| if write { hit(&self.reads) } else { None })
+    }
+
+    /// Removes up to `n` borrows of `token` (searching from the oldest); returns how many.
+    fn remove(&mut self, token: u64, mut n: usize) -> usize {
+        let mut removed = 0;
+        for list in [&mut self.writes, &mut self.reads] {
+            let mut i = 0;
+            while n > 0 && i < list.len() {
+                if list[i].token == token {
+                    list.remove(i);
+                    n -= 1;
+                    removed += 1;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        removed
+    }
 }
 
 // Aligned to a cache line: the orchestrating thread counts references to a buffer (in the
@@ -122,7 +162,7 @@ pub(crate) struct BufferInner {
     id: u64,
     len: usize,
     mem: Memory,
-    borrows: Mutex<Vec<Borrow>>,
+    borrows: Mutex<Borrows>,
     /// Registered borrows (read without the lock by tasks on the fast path).
     untracked: AtomicU32,
     /// The run (token nonce) whose engine-ordered tasks use this buffer without registering
@@ -213,7 +253,7 @@ impl Buffer {
                 id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed),
                 len,
                 mem,
-                borrows: Mutex::new(Vec::new()),
+                borrows: Mutex::new(Borrows::default()),
                 untracked: AtomicU32::new(0),
                 owner: AtomicU64::new(0),
             }),
@@ -268,16 +308,18 @@ impl Buffer {
     ) -> Result<(), BorrowConflict> {
         {
             let mut borrows = self.inner.borrows.lock();
-            for b in borrows.iter() {
-                if b.token != token && (write || b.write) && intersects(region, &b.region) {
-                    return Err(BorrowConflict { other: b.token });
-                }
+            if let Some(other) = borrows.conflict(token, region, write) {
+                return Err(BorrowConflict { other });
             }
-            borrows.push(Borrow {
+            let b = Borrow {
                 token,
                 region: *region,
-                write,
-            });
+            };
+            if write {
+                borrows.writes.push_back(b);
+            } else {
+                borrows.reads.push_back(b);
+            }
         }
         // Count it, then look at the announced tasks: of this increment and a task's
         // announcement, one comes first, so either the task sees the count (and checks the
@@ -285,31 +327,33 @@ impl Buffer {
         self.inner.untracked.fetch_add(1, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         if let Some(other) = scan_running(self.id(), region, write, token) {
-            self.release_one(token, region);
+            self.release_one(token, region, write);
             return Err(BorrowConflict { other });
         }
         Ok(())
     }
 
-    fn release_one(&self, token: u64, region: &Region) {
+    fn release_one(&self, token: u64, region: &Region, write: bool) {
         let mut borrows = self.inner.borrows.lock();
-        if let Some(i) = borrows
+        let list = if write {
+            &mut borrows.writes
+        } else {
+            &mut borrows.reads
+        };
+        if let Some(i) = list
             .iter()
             .rposition(|b| b.token == token && b.region == *region)
         {
-            borrows.swap_remove(i);
+            list.remove(i);
             self.inner.untracked.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
-    /// Drops every borrow registered under `token`.
-    pub(crate) fn release(&self, token: u64) {
-        let mut borrows = self.inner.borrows.lock();
-        let before = borrows.len();
-        borrows.retain(|b| b.token != token);
-        let n = (before - borrows.len()) as u32;
-        if n > 0 {
-            self.inner.untracked.fetch_sub(n, Ordering::SeqCst);
+    /// Drops the `n` borrows registered under `token` (every one, if it has fewer).
+    fn release_n(&self, token: u64, n: usize) {
+        let removed = self.inner.borrows.lock().remove(token, n) as u32;
+        if removed > 0 {
+            self.inner.untracked.fetch_sub(removed, Ordering::SeqCst);
         }
     }
 
@@ -324,13 +368,10 @@ impl Buffer {
         if self.inner.untracked.load(Ordering::SeqCst) == 0 {
             return Ok(());
         }
-        let borrows = self.inner.borrows.lock();
-        for b in borrows.iter() {
-            if b.token != token && (write || b.write) && intersects(region, &b.region) {
-                return Err(BorrowConflict { other: b.token });
-            }
+        match self.inner.borrows.lock().conflict(token, region, write) {
+            Some(other) => Err(BorrowConflict { other }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Lets run `nonce` use this buffer on the fast path: `Some(true)` when it just claimed it,
@@ -387,7 +428,8 @@ pub(crate) fn register_running(e: Weak<dyn RunningTasks>) {
 }
 
 fn scan_running(buffer: u64, region: &Region, write: bool, token: u64) -> Option<u64> {
-    let engines: Vec<std::sync::Arc<dyn RunningTasks>> =
+    // Outside the lock while asking them (they take their own); no allocation for a few.
+    let engines: smallvec::SmallVec<[std::sync::Arc<dyn RunningTasks>; 4]> =
         RUNNING.lock().iter().filter_map(Weak::upgrade).collect();
     engines
         .iter()
@@ -397,7 +439,8 @@ fn scan_running(buffer: u64, region: &Region, write: bool, token: u64) -> Option
 /// A set of borrows taken together and released on drop.
 pub(crate) struct BorrowSet {
     token: u64,
-    buffers: smallvec::SmallVec<[Buffer; 4]>,
+    /// Each buffer once, with how many borrows this set registered in it.
+    buffers: smallvec::SmallVec<[(Buffer, usize); 4]>,
 }
 
 impl BorrowSet {
@@ -420,9 +463,12 @@ impl BorrowSet {
         region: &Region,
         write: bool,
     ) -> Result<(), BorrowConflict> {
-        buffer.try_borrow(self.token, region, write)?;
-        if !self.buffers.iter().any(|b| b == buffer) {
-            self.buffers.push(buffer.clone());
+        let added = buffer.try_borrow(self.token, region, write);
+        // On a conflict, the borrows taken so far (and nothing of this one) stay registered.
+        added?;
+        match self.buffers.iter_mut().find(|(b, _)| b == buffer) {
+            Some((_, n)) => *n += 1,
+            None => self.buffers.push((buffer.clone(), 1)),
         }
         Ok(())
     }
@@ -441,8 +487,8 @@ impl fmt::Debug for BorrowSet {
 
 impl Drop for BorrowSet {
     fn drop(&mut self) {
-        for b in &self.buffers {
-            b.release(self.token);
+        for (b, n) in &self.buffers {
+            b.release_n(self.token, *n);
         }
     }
 }
@@ -468,8 +514,34 @@ mod tests {
         b.try_borrow(t2, &region(64, 64), true).unwrap();
         // The same token never conflicts with itself.
         b.try_borrow(t1, &region(0, 8), false).unwrap();
-        b.release(t1);
+        b.release_n(t1, 2);
         b.try_borrow(t2, &region(0, 64), false).unwrap();
+    }
+
+    /// A set's end drops its own borrows, reads and writes, and nobody else's.
+    #[test]
+    fn a_set_drops_exactly_its_borrows() {
+        let b = Buffer::zeroed(128).unwrap();
+        let mut set = BorrowSet::new();
+        set.add(&b, &region(0, 32), true).unwrap();
+        set.add(&b, &region(64, 32), false).unwrap();
+        b.try_borrow(Buffer::new_token(), &region(96, 32), false)
+            .unwrap();
+        assert!(b
+            .try_borrow(Buffer::new_token(), &region(0, 8), false)
+            .is_err());
+        assert!(b
+            .try_borrow(Buffer::new_token(), &region(64, 8), true)
+            .is_err());
+        assert_eq!(b.inner.untracked.load(Ordering::SeqCst), 3);
+        drop(set);
+        assert_eq!(b.inner.untracked.load(Ordering::SeqCst), 1);
+        b.try_borrow(Buffer::new_token(), &region(0, 96), true)
+            .unwrap();
+        // The other read is still there.
+        assert!(b
+            .try_borrow(Buffer::new_token(), &region(96, 8), true)
+            .is_err());
     }
 
     #[test]
