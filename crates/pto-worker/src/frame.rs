@@ -177,35 +177,79 @@ impl<'a> R<'a> {
 /// Most tensors and scalars one frame carries.
 pub const MAX_ARGS: usize = 256;
 
-impl Frame {
-    /// Encodes the frame.
-    pub fn encode(&self) -> Vec<u8> {
+/// Writes a frame field by field from borrowed parts ([`Frame::encode`] and the host's
+/// kernels, which encode straight from a task's arguments without building a [`Frame`]).
+pub(crate) struct Encoder(W);
+
+impl Encoder {
+    /// Starts a frame that carries `tensors` tensor descriptors.
+    pub(crate) fn new(kind: FrameKind, trace: bool, index: u32, tensors: usize) -> Encoder {
         let mut w = W(Vec::with_capacity(256));
         w.u32(MAGIC);
         w.u16(VERSION);
-        w.u8(self.kind as u8);
-        w.u8(u8::from(self.trace));
-        w.u32(self.index);
-        w.u32(self.tensors.len() as u32);
+        w.u8(kind as u8);
+        w.u8(u8::from(trace));
+        w.u32(index);
+        w.u32(tensors as u32);
+        Encoder(w)
+    }
+
+    /// One tensor descriptor; `dims` yields (extent, stride) per dimension.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn tensor(
+        &mut self,
+        segment: &str,
+        buffer_offset: u64,
+        buffer_len: u64,
+        offset: u64,
+        dtype: DType,
+        mode: ArgMode,
+        dims: impl ExactSizeIterator<Item = (u64, u64)>,
+    ) {
+        let w = &mut self.0;
+        w.str(segment);
+        w.u64(buffer_offset);
+        w.u64(buffer_len);
+        w.u64(offset);
+        w.u8(dtype as u8);
+        w.u8(mode_code(mode));
+        w.u8(dims.len() as u8);
+        for (s, st) in dims {
+            w.u64(s);
+            w.u64(st);
+        }
+    }
+
+    /// The scalars, which end the frame.
+    pub(crate) fn finish(
+        mut self,
+        scalars: impl ExactSizeIterator<Item = (u64, DType)>,
+    ) -> Vec<u8> {
+        self.0.u32(scalars.len() as u32);
+        for (bits, d) in scalars {
+            self.0.u64(bits);
+            self.0.u8(d as u8);
+        }
+        self.0 .0
+    }
+}
+
+impl Frame {
+    /// Encodes the frame.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::new(self.kind, self.trace, self.index, self.tensors.len());
         for t in &self.tensors {
-            w.str(&t.segment);
-            w.u64(t.buffer_offset);
-            w.u64(t.buffer_len);
-            w.u64(t.offset);
-            w.u8(t.dtype as u8);
-            w.u8(mode_code(t.mode));
-            w.u8(t.shape.len() as u8);
-            for (&s, &st) in t.shape.iter().zip(&t.strides) {
-                w.u64(s);
-                w.u64(st);
-            }
+            e.tensor(
+                &t.segment,
+                t.buffer_offset,
+                t.buffer_len,
+                t.offset,
+                t.dtype,
+                t.mode,
+                t.shape.iter().copied().zip(t.strides.iter().copied()),
+            );
         }
-        w.u32(self.scalars.len() as u32);
-        for &(bits, d) in &self.scalars {
-            w.u64(bits);
-            w.u8(d as u8);
-        }
-        w.0
+        e.finish(self.scalars.iter().copied())
     }
 
     /// Decodes a frame, validating every field.

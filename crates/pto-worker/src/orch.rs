@@ -7,14 +7,14 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 
 use pto_core::{
-    CoreKind, DType, KernelCtx, KernelError, KernelRegistry, Orch, OrchError, Scalar, Submitted,
-    TaskArgs,
+    CoreKind, KernelCtx, KernelError, KernelRegistry, Orch, OrchError, Scalar, Submitted, TaskArgs,
 };
 
-use crate::frame::{Frame, FrameKind, Outcome, TensorDesc};
+use crate::frame::{Encoder, FrameKind, Outcome};
 use crate::host::HostState;
 use crate::pipe::Ticket;
 use crate::spec::Spec;
+use smallvec::SmallVec;
 
 /// The host orchestration API: submit chip programs, groups of chips, sub-worker closures and
 /// child-Worker closures.
@@ -173,43 +173,53 @@ impl<'a> HostOrch<'_, 'a> {
     }
 }
 
-fn descs(ctx: &KernelCtx<'_>) -> Result<Vec<TensorDesc>, KernelError> {
-    (0..ctx.num_tensors())
-        .map(|i| {
-            let t = ctx.tensor(i)?;
-            let (name, off) = t.buffer().shared_at().ok_or_else(|| {
-                KernelError::msg(format!(
-                    "tensor argument {i} is not in shared memory: make it with Worker::tensor"
-                ))
-            })?;
-            Ok(TensorDesc {
-                segment: name.to_string(),
-                buffer_offset: off as u64,
-                buffer_len: t.buffer().len() as u64,
-                offset: t.region().offset() as u64,
-                dtype: t.dtype(),
-                mode: ctx.mode(i)?,
-                shape: t.shape().iter().map(|&v| v as u64).collect(),
-                strides: t.strides().iter().map(|&v| v as u64).collect(),
-            })
-        })
-        .collect()
+/// The frame of host task `ctx`: its tensors (each must live in shared memory) and its user
+/// scalars (all but the last `routing`), encoded straight from the task's arguments.
+fn frame(
+    ctx: &KernelCtx<'_>,
+    kind: FrameKind,
+    index: u32,
+    trace: bool,
+    routing: usize,
+) -> Result<Vec<u8>, KernelError> {
+    let n = ctx.num_tensors();
+    let mut e = Encoder::new(kind, trace, index, n);
+    for i in 0..n {
+        let t = ctx.tensor(i)?;
+        let (name, off) = t.buffer().shared_at().ok_or_else(|| {
+            KernelError::msg(format!(
+                "tensor argument {i} is not in shared memory: make it with Worker::tensor"
+            ))
+        })?;
+        e.tensor(
+            name,
+            off as u64,
+            t.buffer().len() as u64,
+            t.region().offset() as u64,
+            t.dtype(),
+            ctx.mode(i)?,
+            t.shape()
+                .iter()
+                .zip(t.strides())
+                .map(|(&s, &st)| (s as u64, st as u64)),
+        );
+    }
+    let all = ctx.scalars();
+    let user = all
+        .len()
+        .checked_sub(routing)
+        .ok_or_else(|| KernelError::msg("missing routing scalars"))?;
+    Ok(e.finish(all[..user].iter().map(|s| (s.bits(), s.dtype()))))
 }
 
-/// The user's scalars (bits and dtype) and the routing scalars.
-type SplitScalars = (Vec<(u64, DType)>, Vec<u64>);
-
-/// Splits the routing scalars (the last `k`) from the user's.
-fn split_scalars(ctx: &KernelCtx<'_>, k: usize) -> Result<SplitScalars, KernelError> {
+/// The last `k` scalars (the routing ones), as bits.
+fn routing(ctx: &KernelCtx<'_>, k: usize) -> Result<SmallVec<[u64; 4]>, KernelError> {
     let all = ctx.scalars();
-    if all.len() < k {
-        return Err(KernelError::msg("missing routing scalars"));
-    }
-    let (user, route) = all.split_at(all.len() - k);
-    Ok((
-        user.iter().map(|s| (s.bits(), s.dtype())).collect(),
-        route.iter().map(Scalar::bits).collect(),
-    ))
+    let at = all
+        .len()
+        .checked_sub(k)
+        .ok_or_else(|| KernelError::msg("missing routing scalars"))?;
+    Ok(all[at..].iter().map(Scalar::bits).collect())
 }
 
 pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> {
@@ -217,16 +227,15 @@ pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> 
     // Routing scalars: [.., program, chip].
     k.register("chip", CoreKind::Aiv, |ctx| {
         let st = host(ctx)?;
-        let (scalars, route) = split_scalars(ctx, 2)?;
+        let route = routing(ctx, 2)?;
         let (program, chip) = (route[0] as u32, route[1] as usize);
-        let frame = Frame {
-            kind: FrameKind::Chip,
-            index: program,
-            tensors: descs(ctx)?,
-            scalars,
-            trace: st.tracing.load(Ordering::Relaxed),
-        }
-        .encode();
+        let frame = frame(
+            ctx,
+            FrameKind::Chip,
+            program,
+            st.tracing.load(Ordering::Relaxed),
+            2,
+        )?;
         let task = ctx.task().get();
         let ticket = st.post(chip, task, &frame).map_err(|e| {
             KernelError::msg(format!("{}: host task {task}: {e}", st.children[chip].who))
@@ -255,17 +264,16 @@ pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> 
             .and_then(|i| all.get(i))
             .map(|s| s.bits() as usize)
             .ok_or_else(|| KernelError::msg("missing group size"))?;
-        let (scalars, route) = split_scalars(ctx, n + 3)?;
+        let route = routing(ctx, n + 3)?;
         let program = route[0] as u32;
         let mut members: Vec<usize> = route[2..2 + n].iter().map(|&c| c as usize).collect();
-        let frame = Frame {
-            kind: FrameKind::Chip,
-            index: program,
-            tensors: descs(ctx)?,
-            scalars,
-            trace: st.tracing.load(Ordering::Relaxed),
-        }
-        .encode();
+        let frame = frame(
+            ctx,
+            FrameKind::Chip,
+            program,
+            st.tracing.load(Ordering::Relaxed),
+            n + 3,
+        )?;
         // Take every member's lock in one order (no two groups can deadlock) and queue the
         // frame on every member at once (every member sees groups in the same order), then
         // collect every result.
@@ -307,15 +315,8 @@ pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> 
     // Routing scalars: [.., function].
     k.register("sub", CoreKind::Aiv, |ctx| {
         let st = host(ctx)?;
-        let (scalars, route) = split_scalars(ctx, 1)?;
-        let frame = Frame {
-            kind: FrameKind::Sub,
-            index: route[0] as u32,
-            tensors: descs(ctx)?,
-            scalars,
-            trace: false,
-        }
-        .encode();
+        let route = routing(ctx, 1)?;
+        let frame = frame(ctx, FrameKind::Sub, route[0] as u32, false, 1)?;
         let subs: Vec<usize> = (st.chips..st.chips + st.subs).collect();
         if subs.is_empty() {
             return Err(KernelError::msg("the Worker has no sub-workers"));
@@ -335,19 +336,12 @@ pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> 
     // Routing scalars: [.., function, child worker].
     k.register("worker", CoreKind::Aiv, |ctx| {
         let st = host(ctx)?;
-        let (scalars, route) = split_scalars(ctx, 2)?;
+        let route = routing(ctx, 2)?;
         let child = st.chips + st.subs + route[1] as usize;
         if child >= st.children.len() {
             return Err(KernelError::msg(format!("no child worker {}", route[1])));
         }
-        let frame = Frame {
-            kind: FrameKind::Worker,
-            index: route[0] as u32,
-            tensors: descs(ctx)?,
-            scalars,
-            trace: false,
-        }
-        .encode();
+        let frame = frame(ctx, FrameKind::Worker, route[0] as u32, false, 2)?;
         check(
             st.send(child, ctx.task().get(), &frame),
             &st.children[child].who,
