@@ -215,17 +215,24 @@ impl HostState {
         let c = &self.children[t.child];
         if !blocking {
             // The deferred task's poll runs on every pass of the engine's polling thread: while
-            // its result is neither taken nor published (results come in order, so nothing is
-            // ready before it either), answer without the lock or the clock; one poll in
-            // `LOOK_POLLS` goes on to look after the child.
-            // A plain load and store: a lost count only moves the next look by a poll.
-            let n = c.polls.load(Ordering::Relaxed).wrapping_add(1);
-            c.polls.store(n, Ordering::Relaxed);
-            if !n.is_multiple_of(LOOK_POLLS)
-                && c.taken.load(Ordering::Acquire) < t.ident.generation
-                && !c.lanes[t.lane].result_ready()
-            {
-                return None;
+            // nothing is there to take (results come in order: the oldest frame not taken has
+            // not answered), answer without the lock or the clock. Only the oldest frame's polls
+            // are counted, and one in `LOOK_POLLS` goes on to look after the child (the later
+            // ones wait behind it and touch no shared counter).
+            let taken = c.taken.load(Ordering::Acquire);
+            if taken < t.ident.generation {
+                let oldest = taken + 1;
+                if !lane_of(&c.lanes, oldest).result_ready() {
+                    if oldest != t.ident.generation {
+                        return None;
+                    }
+                    // A plain load and store: a lost count only moves the next look by a poll.
+                    let n = c.polls.load(Ordering::Relaxed).wrapping_add(1);
+                    c.polls.store(n, Ordering::Relaxed);
+                    if !n.is_multiple_of(LOOK_POLLS) {
+                        return None;
+                    }
+                }
             }
         }
         let mut p = if blocking {
