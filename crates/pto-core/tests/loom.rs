@@ -36,8 +36,9 @@ fn check(name: &str, bound: Option<usize>, f: impl Fn() + Sync + Send + 'static)
 /// The orchestrator wires `consumers` consumers to one producer while another thread finishes
 /// the producer. A consumer's fan-in starts at 1 (the wiring guard) plus one for the edge about
 /// to be wired; the orchestrator subtracts the guard and, when the edge was refused, the edge in
-/// one step, and whoever takes it to zero releases it: every consumer must be released exactly
-/// once, and never before the producer finished.
+/// one step (or, when no edge was added, stores zero: nobody else reaches the count), and
+/// whoever takes it to zero releases it: every consumer must be released exactly once, and
+/// never before the producer finished.
 fn wiring_model(consumers: usize) {
     let succ = Arc::new(SuccList::default());
     let fanin: Arc<Vec<AtomicU32>> = Arc::new((0..consumers).map(|_| AtomicU32::new(2)).collect());
@@ -75,8 +76,13 @@ fn wiring_model(consumers: usize) {
             unwired += 1;
             assert!(succ.is_finished());
         }
-        if fanin[c].fetch_sub(unwired, Ordering::AcqRel) == unwired {
-            // Ready at submit: its producer must have finished (the edge was refused).
+        if unwired == 2 {
+            // No edge was added: nobody else reaches the count (a plain store, as in commit).
+            fanin[c].store(0, Ordering::Relaxed);
+            assert!(succ.is_finished());
+            released[c].fetch_add(1, Ordering::Relaxed);
+        } else if fanin[c].fetch_sub(unwired, Ordering::AcqRel) == unwired {
+            // Ready at submit: its producer must have finished.
             assert!(succ.is_finished());
             released[c].fetch_add(1, Ordering::Relaxed);
         }

@@ -616,8 +616,12 @@ impl Orchestrator {
         }
         engine.submitted.store(*next_id, Ordering::Release);
         // Publish: drop the guard and the edges not wired; the task is ready if every producer
-        // finished.
-        if s.fanin.fetch_sub(unwired, Ordering::AcqRel) == unwired {
+        // finished. With no edge added no other thread can reach the count (and every producer
+        // was seen finished with an acquire): a plain store, no locked instruction.
+        if unwired == fanin {
+            s.fanin.store(0, Ordering::Relaxed);
+            release(engine, slot, dummy);
+        } else if s.fanin.fetch_sub(unwired, Ordering::AcqRel) == unwired {
             release(engine, slot, dummy);
         }
         // The node the next task will take: fetch it while the caller builds that task.
