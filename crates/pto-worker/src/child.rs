@@ -10,7 +10,7 @@ use pto_comm::{Cause, CommContext, Window};
 use pto_core::{Chip, Program, RunOptions, Scalar, Tensor};
 use smallvec::SmallVec;
 
-use crate::frame::{Frame, FrameKind, Outcome, TensorDesc};
+use crate::frame::{FrameKind, FrameView, Outcome, TensorView};
 use crate::mailbox::{BootFacts, Mailbox, RESULT_CAP};
 use crate::shared::SegmentCache;
 use crate::spec::{ChipCall, Spec, SubCall};
@@ -33,16 +33,16 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "panic".into())
 }
 
-fn tensor(cache: &SegmentCache, d: &TensorDesc) -> Result<(Tensor, pto_core::ArgMode), String> {
-    let buf = cache.buffer(&d.segment, d.buffer_offset, d.buffer_len)?;
-    let shape: SmallVec<[usize; 8]> = d.shape.iter().map(|&v| v as usize).collect();
-    let strides: SmallVec<[usize; 8]> = d.strides.iter().map(|&v| v as usize).collect();
+fn tensor(cache: &SegmentCache, d: &TensorView<'_>) -> Result<(Tensor, pto_core::ArgMode), String> {
+    let buf = cache.buffer(d.segment, d.buffer_offset, d.buffer_len)?;
+    let shape: SmallVec<[usize; 8]> = d.dims.iter().map(|&(v, _)| v as usize).collect();
+    let strides: SmallVec<[usize; 8]> = d.dims.iter().map(|&(_, v)| v as usize).collect();
     let t = Tensor::strided(buf, d.dtype, &shape, &strides, d.offset as usize)
         .map_err(|e| format!("tensor in {}: {e}", d.segment))?;
     Ok((t, d.mode))
 }
 
-fn scalars(f: &Frame) -> Vec<Scalar> {
+fn scalars(f: &FrameView<'_>) -> Vec<Scalar> {
     f.scalars
         .iter()
         .map(|&(bits, d)| pto_core::Scalar::from_bits(bits, d))
@@ -93,7 +93,7 @@ fn serve(
     cache: &SegmentCache,
     bytes: &[u8],
 ) -> Outcome {
-    let f = match Frame::decode(bytes) {
+    let f = match FrameView::parse(bytes) {
         Ok(f) => f,
         Err(e) => return fail(2, e.to_string()),
     };
@@ -266,7 +266,7 @@ fn bring_up(
     if let Some(w) = &window {
         for (name, descs) in &spec.staging {
             let b = w.buffer(name)?;
-            let (host, _) = tensor(cache, &descs[index])?;
+            let (host, _) = tensor(cache, &descs[index].view())?;
             let bytes = host.read_bytes().map_err(|e| e.to_string())?;
             w.put(w.rank(), b.offset, &bytes)?;
             staged.push((b.offset, b.bytes, host));

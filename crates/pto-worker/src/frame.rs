@@ -3,6 +3,7 @@
 //! never a panic or an out-of-bounds read.
 
 use pto_core::{ArgMode, DType, MAX_DIMS};
+use smallvec::SmallVec;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"PTOF");
 const VERSION: u16 = 1;
@@ -39,6 +40,26 @@ pub struct TensorDesc {
     pub strides: Vec<u64>,
 }
 
+impl TensorDesc {
+    /// The descriptor as a borrowed view.
+    pub(crate) fn view(&self) -> TensorView<'_> {
+        TensorView {
+            segment: &self.segment,
+            buffer_offset: self.buffer_offset,
+            buffer_len: self.buffer_len,
+            offset: self.offset,
+            dtype: self.dtype,
+            mode: self.mode,
+            dims: self
+                .shape
+                .iter()
+                .copied()
+                .zip(self.strides.iter().copied())
+                .collect(),
+        }
+    }
+}
+
 /// A task frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
@@ -52,6 +73,114 @@ pub struct Frame {
     pub scalars: Vec<(u64, DType)>,
     /// Record a trace.
     pub trace: bool,
+}
+
+/// A tensor argument as decoded in place: the segment's name borrowed from the frame's bytes.
+#[derive(Clone, Debug)]
+pub(crate) struct TensorView<'a> {
+    pub(crate) segment: &'a str,
+    pub(crate) buffer_offset: u64,
+    pub(crate) buffer_len: u64,
+    pub(crate) offset: u64,
+    pub(crate) dtype: DType,
+    pub(crate) mode: ArgMode,
+    /// (extent, stride) per dimension.
+    pub(crate) dims: SmallVec<[(u64, u64); MAX_DIMS]>,
+}
+
+/// A frame decoded without allocating (for a few arguments): what a child serves.
+/// [`Frame::decode`] is this, copied out.
+#[derive(Clone, Debug)]
+pub(crate) struct FrameView<'a> {
+    pub(crate) kind: FrameKind,
+    pub(crate) index: u32,
+    pub(crate) tensors: SmallVec<[TensorView<'a>; 4]>,
+    pub(crate) scalars: SmallVec<[(u64, DType); 8]>,
+    pub(crate) trace: bool,
+}
+
+impl<'a> FrameView<'a> {
+    /// Decodes a frame, validating every field.
+    ///
+    /// # Errors
+    ///
+    /// [`FrameError`] naming the byte where decoding failed.
+    pub(crate) fn parse(b: &'a [u8]) -> Result<FrameView<'a>, FrameError> {
+        let mut r = R { b, at: 0 };
+        if r.u32()? != MAGIC {
+            return Err(r.err("bad magic"));
+        }
+        let v = r.u16()?;
+        if v != VERSION {
+            return Err(r.err(format!("version {v}, expected {VERSION}")));
+        }
+        let kind = match r.u8()? {
+            0 => FrameKind::Chip,
+            1 => FrameKind::Sub,
+            2 => FrameKind::Worker,
+            k => return Err(r.err(format!("unknown frame kind {k}"))),
+        };
+        let trace = match r.u8()? {
+            0 => false,
+            1 => true,
+            t => return Err(r.err(format!("trace flag {t}"))),
+        };
+        let index = r.u32()?;
+        let nt = r.u32()? as usize;
+        if nt > MAX_ARGS {
+            return Err(r.err(format!("{nt} tensors exceed {MAX_ARGS}")));
+        }
+        let mut tensors = SmallVec::with_capacity(nt);
+        for _ in 0..nt {
+            let segment = r.str_ref(200)?;
+            let buffer_offset = r.u64()?;
+            let buffer_len = r.u64()?;
+            let offset = r.u64()?;
+            let dt = r.u8()?;
+            let dtype = DType::from_u8(dt).ok_or_else(|| r.err(format!("unknown dtype {dt}")))?;
+            let mc = r.u8()?;
+            let mode = mode_of(mc).ok_or_else(|| r.err(format!("unknown mode {mc}")))?;
+            let nd = r.u8()? as usize;
+            if nd == 0 || nd > MAX_DIMS {
+                return Err(r.err(format!("{nd} dimensions")));
+            }
+            let mut dims = SmallVec::new();
+            for _ in 0..nd {
+                dims.push((r.u64()?, r.u64()?));
+            }
+            tensors.push(TensorView {
+                segment,
+                buffer_offset,
+                buffer_len,
+                offset,
+                dtype,
+                mode,
+                dims,
+            });
+        }
+        let ns = r.u32()? as usize;
+        if ns > MAX_ARGS {
+            return Err(r.err(format!("{ns} scalars exceed {MAX_ARGS}")));
+        }
+        let mut scalars = SmallVec::with_capacity(ns);
+        for _ in 0..ns {
+            let bits = r.u64()?;
+            let dt = r.u8()?;
+            let d =
+                DType::from_u8(dt).ok_or_else(|| r.err(format!("unknown scalar dtype {dt}")))?;
+            scalars.push((bits, d));
+        }
+        if r.at != b.len() {
+            return Err(r.err(format!("{} trailing bytes", b.len() - r.at)));
+        }
+        Ok(FrameView {
+            kind,
+            index,
+            tensors,
+            scalars,
+            trace,
+        })
+    }
 }
 
 /// A result.
@@ -165,12 +294,15 @@ impl<'a> R<'a> {
         Ok(u64::from_le_bytes(self.arr()?))
     }
     fn str(&mut self, max: usize) -> Result<String, FrameError> {
+        self.str_ref(max).map(str::to_string)
+    }
+    fn str_ref(&mut self, max: usize) -> Result<&'a str, FrameError> {
         let n = self.u32()? as usize;
         if n > max {
             return Err(self.err(format!("string of {n} bytes exceeds {max}")));
         }
         let s = self.take(n)?;
-        String::from_utf8(s.to_vec()).map_err(|_| self.err("string is not UTF-8"))
+        std::str::from_utf8(s).map_err(|_| self.err("string is not UTF-8"))
     }
 }
 
@@ -258,82 +390,26 @@ impl Frame {
     ///
     /// [`FrameError`] naming the byte where decoding failed.
     pub fn decode(b: &[u8]) -> Result<Frame, FrameError> {
-        let mut r = R { b, at: 0 };
-        if r.u32()? != MAGIC {
-            return Err(r.err("bad magic"));
-        }
-        let v = r.u16()?;
-        if v != VERSION {
-            return Err(r.err(format!("version {v}, expected {VERSION}")));
-        }
-        let kind = match r.u8()? {
-            0 => FrameKind::Chip,
-            1 => FrameKind::Sub,
-            2 => FrameKind::Worker,
-            k => return Err(r.err(format!("unknown frame kind {k}"))),
-        };
-        let trace = match r.u8()? {
-            0 => false,
-            1 => true,
-            t => return Err(r.err(format!("trace flag {t}"))),
-        };
-        let index = r.u32()?;
-        let nt = r.u32()? as usize;
-        if nt > MAX_ARGS {
-            return Err(r.err(format!("{nt} tensors exceed {MAX_ARGS}")));
-        }
-        let mut tensors = Vec::with_capacity(nt);
-        for _ in 0..nt {
-            let segment = r.str(200)?;
-            let buffer_offset = r.u64()?;
-            let buffer_len = r.u64()?;
-            let offset = r.u64()?;
-            let dt = r.u8()?;
-            let dtype = DType::from_u8(dt).ok_or_else(|| r.err(format!("unknown dtype {dt}")))?;
-            let mc = r.u8()?;
-            let mode = mode_of(mc).ok_or_else(|| r.err(format!("unknown mode {mc}")))?;
-            let nd = r.u8()? as usize;
-            if nd == 0 || nd > MAX_DIMS {
-                return Err(r.err(format!("{nd} dimensions")));
-            }
-            let mut shape = Vec::with_capacity(nd);
-            let mut strides = Vec::with_capacity(nd);
-            for _ in 0..nd {
-                shape.push(r.u64()?);
-                strides.push(r.u64()?);
-            }
-            tensors.push(TensorDesc {
-                segment,
-                buffer_offset,
-                buffer_len,
-                offset,
-                dtype,
-                mode,
-                shape,
-                strides,
-            });
-        }
-        let ns = r.u32()? as usize;
-        if ns > MAX_ARGS {
-            return Err(r.err(format!("{ns} scalars exceed {MAX_ARGS}")));
-        }
-        let mut scalars = Vec::with_capacity(ns);
-        for _ in 0..ns {
-            let bits = r.u64()?;
-            let dt = r.u8()?;
-            let d =
-                DType::from_u8(dt).ok_or_else(|| r.err(format!("unknown scalar dtype {dt}")))?;
-            scalars.push((bits, d));
-        }
-        if r.at != b.len() {
-            return Err(r.err(format!("{} trailing bytes", b.len() - r.at)));
-        }
+        let v = FrameView::parse(b)?;
         Ok(Frame {
-            kind,
-            index,
-            tensors,
-            scalars,
-            trace,
+            kind: v.kind,
+            index: v.index,
+            tensors: v
+                .tensors
+                .iter()
+                .map(|t| TensorDesc {
+                    segment: t.segment.to_string(),
+                    buffer_offset: t.buffer_offset,
+                    buffer_len: t.buffer_len,
+                    offset: t.offset,
+                    dtype: t.dtype,
+                    mode: t.mode,
+                    shape: t.dims.iter().map(|d| d.0).collect(),
+                    strides: t.dims.iter().map(|d| d.1).collect(),
+                })
+                .collect(),
+            scalars: v.scalars.to_vec(),
+            trace: v.trace,
         })
     }
 }
