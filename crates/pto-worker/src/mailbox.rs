@@ -218,18 +218,28 @@ impl Mailbox {
 
     // ---- parent side ----
 
-    /// Publishes a frame to the child.
+    /// Checks that `frame` fits a mailbox (before it is queued to be sent later).
     ///
     /// # Errors
     ///
     /// A frame larger than [`FRAME_CAP`].
-    pub fn send(&self, ident: Ident, frame: &[u8]) -> Result<(), WorkerError> {
+    pub fn fits(frame: &[u8]) -> Result<(), WorkerError> {
         if frame.len() > FRAME_CAP {
             return Err(WorkerError::Args(format!(
                 "task frame of {} bytes exceeds the mailbox's {FRAME_CAP}",
                 frame.len()
             )));
         }
+        Ok(())
+    }
+
+    /// Publishes a frame to the child.
+    ///
+    /// # Errors
+    ///
+    /// A frame larger than [`FRAME_CAP`].
+    pub fn send(&self, ident: Ident, frame: &[u8]) -> Result<(), WorkerError> {
+        Self::fits(frame)?;
         self.write_bytes(DATA, FRAME_CAP, frame);
         self.w32(272).store(frame.len() as u32, Ordering::Relaxed);
         self.w64(280).store(ident.run, Ordering::Relaxed);

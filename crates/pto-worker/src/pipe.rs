@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crate::failure::FailKind;
 use crate::frame::Outcome;
 use crate::host::{kind_of, HostState, GRACE};
-use crate::mailbox::{Ident, Mailbox, FRAME_CAP};
+use crate::mailbox::{Ident, Mailbox};
 
 /// How often a wait for results looks whether the child is still alive (a `waitpid`) and
 /// whether its oldest frame is past its deadline.
@@ -78,6 +78,17 @@ impl Pipe {
         self.inflight.is_empty() && self.queued.is_empty()
     }
 
+    /// Counts a published frame in flight.
+    fn in_flight(&mut self, ident: Ident) {
+        if self.inflight.is_empty() {
+            let now = Instant::now();
+            self.head_since = now;
+            self.last_look = now;
+        }
+        self.inflight.push_back(ident);
+        self.peak = self.peak.max(self.inflight.len());
+    }
+
     fn claim(&mut self, generation: u64) -> Option<Result<Outcome, String>> {
         let i = self.done.iter().position(|(g, _)| *g == generation)?;
         Some(self.done.swap_remove(i).1)
@@ -124,12 +135,7 @@ impl HostState {
         frame: &[u8],
     ) -> Result<Ticket, String> {
         let c = &self.children[child];
-        if frame.len() > FRAME_CAP {
-            return Err(format!(
-                "task frame of {} bytes exceeds the mailbox's {FRAME_CAP}",
-                frame.len()
-            ));
-        }
+        Mailbox::fits(frame).map_err(|e| e.to_string())?;
         self.advance(child, p);
         if let Some(l) = &p.lost {
             return Err(l.clone());
@@ -143,28 +149,16 @@ impl HostState {
             lane_of(&c.lanes, ident.generation)
                 .send(ident, frame)
                 .map_err(|e| e.to_string())?;
-            p.sent = ident.generation;
-            self.in_flight(p, ident);
+            p.in_flight(ident);
         } else {
-            p.sent = ident.generation;
             p.queued.push_back((ident, frame.to_vec()));
         }
+        p.sent = ident.generation;
         Ok(Ticket {
             child,
             ident,
             lane: lane_index(c.lanes.len(), ident.generation),
         })
-    }
-
-    /// Counts a published frame in flight.
-    fn in_flight(&self, p: &mut Pipe, ident: Ident) {
-        if p.inflight.is_empty() {
-            let now = Instant::now();
-            p.head_since = now;
-            p.last_look = now;
-        }
-        p.inflight.push_back(ident);
-        p.peak = p.peak.max(p.inflight.len());
     }
 
     /// A post with the child's lock held and a custom `send` (which must publish exactly one
@@ -201,7 +195,7 @@ impl HostState {
         // would leave it waiting forever.
         send(lane_of(&c.lanes, ident.generation), ident)?;
         p.sent = ident.generation;
-        self.in_flight(p, ident);
+        p.in_flight(ident);
         Ok(Ticket {
             child,
             ident,
@@ -348,7 +342,7 @@ impl HostState {
             if let Some((id, bytes)) = p.queued.pop_front() {
                 // The size was checked when it was queued: the send cannot fail.
                 let _ = lane_of(&c.lanes, id.generation).send(id, &bytes);
-                self.in_flight(p, id);
+                p.in_flight(id);
             }
         }
     }
