@@ -136,6 +136,15 @@ impl Borrows {
         hit(&self.writes).or_else(|| if write { hit(&self.reads) } else { None })
     }
 
+    /// The list a borrow of this kind goes in.
+    fn list(&mut self, write: bool) -> &mut VecDeque<Borrow> {
+        if write {
+            &mut self.writes
+        } else {
+            &mut self.reads
+        }
+    }
+
     /// Removes up to `n` borrows of `token` (searching from the oldest); returns how many.
     fn remove(&mut self, token: u64, mut n: usize) -> usize {
         let mut removed = 0;
@@ -311,15 +320,10 @@ impl Buffer {
             if let Some(other) = borrows.conflict(token, region, write) {
                 return Err(BorrowConflict { other });
             }
-            let b = Borrow {
+            borrows.list(write).push_back(Borrow {
                 token,
                 region: *region,
-            };
-            if write {
-                borrows.writes.push_back(b);
-            } else {
-                borrows.reads.push_back(b);
-            }
+            });
         }
         // Count it, then look at the announced tasks: of this increment and a task's
         // announcement, one comes first, so either the task sees the count (and checks the
@@ -335,11 +339,7 @@ impl Buffer {
 
     fn release_one(&self, token: u64, region: &Region, write: bool) {
         let mut borrows = self.inner.borrows.lock();
-        let list = if write {
-            &mut borrows.writes
-        } else {
-            &mut borrows.reads
-        };
+        let list = borrows.list(write);
         if let Some(i) = list
             .iter()
             .rposition(|b| b.token == token && b.region == *region)

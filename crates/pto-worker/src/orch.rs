@@ -182,6 +182,7 @@ fn frame(
     trace: bool,
     routing: usize,
 ) -> Result<Vec<u8>, KernelError> {
+    let (user, _) = split_routing(ctx, routing)?;
     let n = ctx.num_tensors();
     let mut e = Encoder::new(kind, trace, index, n);
     for i in 0..n {
@@ -204,22 +205,25 @@ fn frame(
                 .map(|(&s, &st)| (s as u64, st as u64)),
         );
     }
-    let all = ctx.scalars();
-    let user = all
-        .len()
-        .checked_sub(routing)
-        .ok_or_else(|| KernelError::msg("missing routing scalars"))?;
-    Ok(e.finish(all[..user].iter().map(|s| (s.bits(), s.dtype()))))
+    Ok(e.finish(user.iter().map(|s| (s.bits(), s.dtype()))))
 }
 
-/// The last `k` scalars (the routing ones), as bits.
-fn routing(ctx: &KernelCtx<'_>, k: usize) -> Result<SmallVec<[u64; 4]>, KernelError> {
+/// The task's scalars split into the user's and the last `k` (the routing ones).
+fn split_routing<'c>(
+    ctx: &'c KernelCtx<'_>,
+    k: usize,
+) -> Result<(&'c [Scalar], &'c [Scalar]), KernelError> {
     let all = ctx.scalars();
     let at = all
         .len()
         .checked_sub(k)
         .ok_or_else(|| KernelError::msg("missing routing scalars"))?;
-    Ok(all[at..].iter().map(Scalar::bits).collect())
+    Ok(all.split_at(at))
+}
+
+/// The routing scalars (the last `k`), as bits.
+fn routing(ctx: &KernelCtx<'_>, k: usize) -> Result<SmallVec<[u64; 4]>, KernelError> {
+    Ok(split_routing(ctx, k)?.1.iter().map(Scalar::bits).collect())
 }
 
 pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> {
