@@ -1,6 +1,9 @@
 //! Property test of the dependency engine: random programs of reads, in-place updates and
 //! overwrites over overlapping (strided, transposed, sliced) views of one buffer, run on a chip
 //! with several threads, must produce exactly what running the same program sequentially does.
+//! A second property runs programs over the aligned tiles of the buffer (the TensorMap's tiled
+//! mode), with host reads that span several tiles and a few unaligned views that turn the
+//! buffer general part-way.
 
 // Test helpers unwrap: a failure there is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -22,6 +25,8 @@ enum View {
         end: usize,
         step: usize,
     },
+    /// Elements `[k * w, (k + 1) * w)`: an aligned tile.
+    Tile { w: usize, k: usize },
     Box2 {
         r0: usize,
         r1: usize,
@@ -41,6 +46,8 @@ enum Op {
     Sum(View),
     /// A dependency-only task over the view (IN).
     Dummy(View),
+    /// The orchestrator reads the view (it waits for the view's producers) and records its sum.
+    Read(View),
     /// Open a scope around the next `n` ops.
     Scope(usize),
 }
@@ -63,6 +70,25 @@ fn arb_view() -> impl Strategy<Value = View> {
     ]
 }
 
+/// Aligned tiles of width `w` mostly; now and then any view (which may overlap tiles partly).
+fn arb_tiled_view(w: usize) -> impl Strategy<Value = View> {
+    prop_oneof![
+        8 => (0..N / w).prop_map(move |k| View::Tile { w, k }),
+        1 => arb_view(),
+    ]
+}
+
+fn arb_tiled_op(w: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (arb_tiled_view(w), -5i64..5).prop_map(|(v, k)| Op::Update(v, k)),
+        2 => (arb_tiled_view(w), -5i64..5).prop_map(|(v, k)| Op::Set(v, k)),
+        3 => arb_tiled_view(w).prop_map(Op::Sum),
+        1 => arb_tiled_view(w).prop_map(Op::Dummy),
+        1 => arb_view().prop_map(Op::Read),
+        1 => (1usize..6).prop_map(Op::Scope),
+    ]
+}
+
 fn arb_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (arb_view(), -5i64..5).prop_map(|(v, k)| Op::Update(v, k)),
@@ -76,6 +102,7 @@ fn arb_op() -> impl Strategy<Value = Op> {
 fn make_view(base: &Tensor, v: &View) -> Tensor {
     match *v {
         View::Flat { start, end, step } => base.slice(0, start, end, step).unwrap(),
+        View::Tile { w, k } => base.slice(0, k * w, (k + 1) * w, 1).unwrap(),
         View::Box2 {
             r0,
             r1,
@@ -168,7 +195,7 @@ fn reference(ops: &[Op]) -> (Vec<i64>, Vec<i64>) {
                     mem[o] = *k;
                 }
             }
-            Op::Sum(v) => {
+            Op::Sum(v) | Op::Read(v) => {
                 sums.push(
                     offsets(&make_view(&base, v))
                         .iter()
@@ -220,6 +247,13 @@ fn submit_ops(
             Op::Dummy(v) => {
                 o.submit_dummy(TaskArgs::new().input(&make_view(base, v)))?;
             }
+            Op::Read(v) => {
+                sums[*next] = o
+                    .read::<i64>(&make_view(base, v))?
+                    .iter()
+                    .fold(0i64, |a, &b| a.wrapping_add(b));
+                *next += 1;
+            }
             Op::Scope(n) => {
                 let end = (i + 1 + n).min(ops.len());
                 let inner = &ops[i + 1..end];
@@ -241,6 +275,43 @@ fn submit_ops(
     Ok(())
 }
 
+/// Runs `ops` on a chip and checks the buffer and every sum against the sequential reference.
+fn check(ops: &[Op], orch_runs: bool) -> Result<(), TestCaseError> {
+    let chip = Chip::builder()
+        .orchestrator_runs_tasks(orch_runs)
+        .aic_cores(2)
+        .aiv_cores(4)
+        .threads(3)
+        .ring_task_window(64)
+        .wait_timeout(Duration::from_secs(10))
+        .stall_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let base = Tensor::from_slice(&[N], &(1..=N as i64).collect::<Vec<_>>()).unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let (b, g, ops2) = (base.clone(), got.clone(), ops.to_vec());
+    let n_sums = ops
+        .iter()
+        .filter(|op| matches!(op, Op::Sum(_) | Op::Read(_)))
+        .count();
+    chip.run(&Program::new("prop", kernels(), move |o| {
+        let mut outs = Vec::new();
+        let mut sums = vec![0i64; n_sums];
+        let mut next = 0;
+        submit_ops(o, &b, &ops2, &mut next, &mut outs, &mut sums)?;
+        for (k, t) in outs {
+            sums[k] = o.read::<i64>(&t)?[0];
+        }
+        *g.lock() = sums;
+        Ok(())
+    }))
+    .unwrap();
+    let (mem, sums) = reference(ops);
+    prop_assert_eq!(base.read::<i64>().unwrap(), mem);
+    prop_assert_eq!(&*got.lock(), &sums);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -249,33 +320,15 @@ proptest! {
         ops in prop::collection::vec(arb_op(), 1..40),
         orch_runs in any::<bool>(),
     ) {
-        let chip = Chip::builder()
-            .orchestrator_runs_tasks(orch_runs)
-            .aic_cores(2)
-            .aiv_cores(4)
-            .threads(3)
-            .ring_task_window(64)
-            .wait_timeout(Duration::from_secs(10))
-            .stall_timeout(Duration::from_secs(10))
-            .build()
-            .unwrap();
-        let base = Tensor::from_slice(&[N], &(1..=N as i64).collect::<Vec<_>>()).unwrap();
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let (b, g, ops2) = (base.clone(), got.clone(), ops.clone());
-        let n_sums = ops.iter().filter(|op| matches!(op, Op::Sum(_))).count();
-        chip.run(&Program::new("prop", kernels(), move |o| {
-            let mut outs = Vec::new();
-            let mut sums = vec![0i64; n_sums];
-            let mut next = 0;
-            submit_ops(o, &b, &ops2, &mut next, &mut outs, &mut sums)?;
-            for (k, t) in outs {
-                sums[k] = o.read::<i64>(&t)?[0];
-            }
-            *g.lock() = sums;
-            Ok(())
-        })).unwrap();
-        let (mem, sums) = reference(&ops);
-        prop_assert_eq!(base.read::<i64>().unwrap(), mem);
-        prop_assert_eq!(&*got.lock(), &sums);
+        check(&ops, orch_runs)?;
+    }
+
+    #[test]
+    fn tiled_run_matches_sequential_reference(
+        ops in prop::sample::select(vec![1usize, 2, 4, 8])
+            .prop_flat_map(|w| prop::collection::vec(arb_tiled_op(w), 1..48)),
+        orch_runs in any::<bool>(),
+    ) {
+        check(&ops, orch_runs)?;
     }
 }

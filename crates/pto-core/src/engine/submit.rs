@@ -166,10 +166,11 @@ impl Orchestrator {
         let free = std::mem::take(&mut *engine.free.lock());
         let aux = std::mem::take(&mut *engine.aux.lock());
         let kept = std::mem::take(&mut *engine.kept.lock());
+        let tmap = std::mem::take(&mut *engine.tmap.lock());
         Orchestrator {
             engine,
             next_id: 0,
-            tmap: TensorMap::default(),
+            tmap,
             rings: (0..NUM_RINGS)
                 .map(|_| Ring::new(rings.window, rings.heap_bytes))
                 .collect(),

@@ -1,6 +1,12 @@
 //! The TensorMap: which live tasks touch which bytes of which buffer.
 //!
-//! Keyed by buffer id; within a buffer, entries are ordered by their first byte so that an
+//! Keyed by buffer id. A buffer starts *tiled*: while every access to it is a contiguous byte
+//! range that is either identical to or disjoint from every other range it holds entries for
+//! (the tiles of a tiled program, one tensor updated again and again), each range is one
+//! [`Tile`] found by its first byte in a hash map, and an access depends only on its own tile's
+//! writer and readers (no search, no overlap test). The first access that breaks this (a
+//! partial overlap, or a layout with gaps) turns the buffer *general*: its tiles become
+//! entries ordered by their first byte so that an
 //! overlap query visits only entries that start within `max_len` bytes before the probe.
 //! Entries leave when a later writer covers them, lazily when a query meets an entry whose
 //! task has retired, and in batches: once the map holds twice the entries it held after the
@@ -116,15 +122,208 @@ impl Side {
     }
 }
 
+/// The tasks that access one tile of a tiled buffer: the writers (the last one, plus writers
+/// that failed, which keep poisoning) and the readers since the last write.
+#[derive(Debug)]
+struct Tile {
+    start: usize,
+    end: usize,
+    /// The tile's region, in the map's pool (for overlap tests of host lookups with gaps, and
+    /// for turning the buffer general).
+    region: u32,
+    writers: SmallVec<[TaskRef; 1]>,
+    readers: SmallVec<[TaskRef; 3]>,
+    /// Retired readers are dropped when `readers` reaches this length (a tile read by many
+    /// tasks between two writes, as a fan's source).
+    prune_at: usize,
+}
+
+impl Tile {
+    fn is_empty(&self) -> bool {
+        self.writers.is_empty() && self.readers.is_empty()
+    }
+}
+
+/// The tiles of a tiled buffer: pairwise disjoint, non-empty, contiguous byte ranges.
 #[derive(Default, Debug)]
+struct Tiles {
+    tiles: Vec<Tile>,
+    /// First byte -> index in `tiles`.
+    by_start: FxHashMap<usize, u32>,
+    /// `(start, end)` of every tile, sorted: to check that a new range is disjoint from the
+    /// others, and to find the tiles a host lookup overlaps.
+    order: Vec<(usize, usize)>,
+}
+
+/// Where a tiled buffer's access goes.
+enum Found {
+    /// The tile at this index has exactly the access's range.
+    Tile(usize),
+    /// A new range, disjoint from every tile: insert it at this index of `order`.
+    New(usize),
+    /// A partial overlap: the buffer must turn general.
+    Clash,
+}
+
+impl Tiles {
+    fn find(&self, s: usize, e: usize) -> Found {
+        if let Some(&i) = self.by_start.get(&s) {
+            return if self.tiles[i as usize].end == e {
+                Found::Tile(i as usize)
+            } else {
+                Found::Clash
+            };
+        }
+        // Usually past every tile (a program walking forward through a buffer).
+        match self.order.last() {
+            None => return Found::New(0),
+            Some(&(_, last_end)) if last_end <= s => return Found::New(self.order.len()),
+            _ => {}
+        }
+        let at = self.order.partition_point(|&(ts, _)| ts < s);
+        let prev_ok = at == 0 || self.order[at - 1].1 <= s;
+        let next_ok = self.order.get(at).is_none_or(|&(ts, _)| e <= ts);
+        if prev_ok && next_ok {
+            Found::New(at)
+        } else {
+            Found::Clash
+        }
+    }
+
+    fn insert(&mut self, at: usize, s: usize, e: usize, region: u32) -> usize {
+        let i = self.tiles.len();
+        self.tiles.push(Tile {
+            start: s,
+            end: e,
+            region,
+            writers: SmallVec::new(),
+            readers: SmallVec::new(),
+            prune_at: 8,
+        });
+        self.by_start.insert(s, i as u32);
+        self.order.insert(at, (s, e));
+        i
+    }
+}
+
+#[derive(Debug)]
 struct BufIndex {
-    /// `[readers, writers]`.
+    /// `Some` while the buffer is tiled (then `sides` are empty).
+    tiles: Option<Tiles>,
+    /// A general buffer's entries: `[readers, writers]`.
     sides: [Side; 2],
+}
+
+impl Default for BufIndex {
+    fn default() -> BufIndex {
+        BufIndex {
+            tiles: Some(Tiles::default()),
+            sides: Default::default(),
+        }
+    }
 }
 
 impl BufIndex {
     fn is_empty(&self) -> bool {
-        self.sides.iter().all(Side::is_empty)
+        match &self.tiles {
+            Some(t) => t.tiles.iter().all(Tile::is_empty),
+            None => self.sides.iter().all(Side::is_empty),
+        }
+    }
+
+    /// Empties an index whose entries are all gone (their regions freed), keeping its memory;
+    /// it starts tiled again.
+    fn reset(&mut self) {
+        match &mut self.tiles {
+            Some(t) => {
+                t.tiles.clear();
+                t.by_start.clear();
+                t.order.clear();
+            }
+            None => self.tiles = Some(Tiles::default()),
+        }
+        for side in &mut self.sides {
+            side.entries.clear();
+            side.dead = 0;
+            side.max_len = 0;
+        }
+    }
+
+    /// Bounds the memory an emptied index keeps.
+    fn trim(&mut self) {
+        if let Some(t) = &mut self.tiles {
+            t.tiles.shrink_to(KEEP);
+            t.order.shrink_to(KEEP);
+            t.by_start.shrink_to(KEEP);
+        }
+        for side in &mut self.sides {
+            side.entries.shrink_to(KEEP);
+        }
+    }
+
+    /// Turns a tiled buffer general: every task of every tile becomes an entry.
+    fn make_general(&mut self, pool: &mut RegionPool, seq: &mut u64) {
+        let Some(tiles) = self.tiles.take() else {
+            return;
+        };
+        // In address order, so that the sides are sorted as they are built.
+        let mut order: Vec<&Tile> = tiles.tiles.iter().collect();
+        order.sort_unstable_by_key(|t| t.start);
+        for t in order {
+            let region = *pool.get(t.region);
+            for (write, list) in [(false, &t.readers[..]), (true, &t.writers[..])] {
+                let side = &mut self.sides[usize::from(write)];
+                for &task in list {
+                    *seq += 1;
+                    side.max_len = side.max_len.max(t.end - t.start);
+                    side.entries.push_back(Entry {
+                        start: t.start,
+                        end: t.end,
+                        seq: *seq,
+                        task,
+                        contig: true,
+                        dead: false,
+                        region: pool.put(&region),
+                    });
+                }
+            }
+        }
+        for t in &tiles.tiles {
+            pool.free.push(t.region);
+        }
+    }
+
+    /// A tiled buffer's lookup of a range that may span several tiles (or have gaps): the
+    /// dependencies only, nothing removed.
+    fn scan_tiles(
+        tiles: &Tiles,
+        pool: &RegionPool,
+        region: &Region,
+        probe: &Probe,
+        write: bool,
+        mut live: impl FnMut(TaskRef) -> Liveness,
+        deps: &mut SmallVec<[TaskRef; 8]>,
+    ) {
+        let (s, e) = (probe.start, probe.end);
+        let first = tiles.order.partition_point(|&(_, te)| te <= s);
+        for &(ts, _) in &tiles.order[first..] {
+            if ts >= e {
+                break;
+            }
+            let Some(&i) = tiles.by_start.get(&ts) else {
+                continue;
+            };
+            let t = &tiles.tiles[i as usize];
+            if !probe.contig && overlap(region, pool.get(t.region)) == Overlap::Disjoint {
+                continue;
+            }
+            let readers = if write { &t.readers[..] } else { &[] };
+            for &x in t.writers.iter().chain(readers) {
+                if live(x) != Liveness::Retired {
+                    deps.push(x);
+                }
+            }
+        }
     }
 
     /// The lookup of one access (see [`TensorMap::lookup`]); returns how many entries it
@@ -194,6 +393,61 @@ impl BufIndex {
     }
 }
 
+/// A tiled buffer's access to exactly tile `t`: a read depends on the writers, a write on the
+/// writers and readers (which it covers: the live ones leave). Returns the entries removed.
+fn tile_access(
+    t: &mut Tile,
+    write: bool,
+    task: TaskRef,
+    mut live: impl FnMut(TaskRef) -> Liveness,
+    deps: &mut SmallVec<[TaskRef; 8]>,
+) -> usize {
+    let before = t.writers.len() + t.readers.len();
+    if write {
+        // Every entry is a dependency unless retired; none stays unless it failed (it
+        // poisons every later access).
+        let mut failed = false;
+        for &x in t.writers.iter().chain(&t.readers) {
+            match live(x) {
+                Liveness::Retired => {}
+                Liveness::Live => deps.push(x),
+                Liveness::RetiredFailed => {
+                    deps.push(x);
+                    failed = true;
+                }
+            }
+        }
+        if failed {
+            t.writers.retain(|x| live(*x) == Liveness::RetiredFailed);
+            t.readers.retain(|x| live(*x) == Liveness::RetiredFailed);
+        } else {
+            t.writers.clear();
+            t.readers.clear();
+        }
+        t.writers.push(task);
+    } else {
+        // A retired writer leaves; the others are dependencies.
+        let mut retired = false;
+        for &x in &t.writers {
+            if live(x) == Liveness::Retired {
+                retired = true;
+            } else {
+                deps.push(x);
+            }
+        }
+        if retired {
+            t.writers.retain(|x| live(*x) != Liveness::Retired);
+        }
+        if t.readers.len() >= t.prune_at {
+            t.readers.retain(|x| live(*x) != Liveness::Retired);
+            t.prune_at = (2 * t.readers.len()).max(8);
+        }
+        t.readers.push(task);
+    }
+    // The new entry is counted by the caller.
+    (before + 1).saturating_sub(t.writers.len() + t.readers.len())
+}
+
 /// An access's byte range and layout, computed once for its lookup and its insert.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Probe {
@@ -254,6 +508,9 @@ impl RegionPool {
 #[derive(Default, Debug)]
 pub(crate) struct TensorMap {
     bufs: FxHashMap<u64, BufIndex>,
+    /// Emptied indexes of forgotten buffers, kept with their memory for the next buffers (a
+    /// buffer whose tasks all retire by a sweep comes back at its next access).
+    spare: Vec<BufIndex>,
     pool: RegionPool,
     seq: u64,
     /// Entries not dead.
@@ -261,6 +518,12 @@ pub(crate) struct TensorMap {
     /// Sweep when `entries` reaches it.
     sweep_at: usize,
 }
+
+/// Emptied buffer indexes kept for reuse.
+const SPARE: usize = 4;
+
+/// Entries (tiles, regions) whose memory an emptied index or pool keeps between runs.
+const KEEP: usize = 8192;
 
 /// The least number of entries before a sweep.
 const SWEEP_MIN: usize = 4096;
@@ -282,7 +545,14 @@ impl TensorMap {
             return;
         }
         if let Some(idx) = self.bufs.get_mut(&buffer) {
-            self.entries -= idx.scan(&mut self.pool, region, probe, write, live, deps);
+            match &idx.tiles {
+                Some(tiles) => {
+                    BufIndex::scan_tiles(tiles, &self.pool, region, probe, write, live, deps);
+                }
+                None => {
+                    self.entries -= idx.scan(&mut self.pool, region, probe, write, live, deps);
+                }
+            }
         }
     }
 
@@ -299,7 +569,37 @@ impl TensorMap {
         live: impl FnMut(TaskRef) -> Liveness,
         deps: &mut SmallVec<[TaskRef; 8]>,
     ) {
-        let idx = self.bufs.entry(buffer).or_default();
+        let spare = &mut self.spare;
+        let idx = self
+            .bufs
+            .entry(buffer)
+            .or_insert_with(|| spare.pop().unwrap_or_default());
+        if let Some(tiles) = &mut idx.tiles {
+            if probe.start == probe.end {
+                // Touches no byte: no dependency and no entry.
+                return;
+            }
+            let found = if probe.contig {
+                tiles.find(probe.start, probe.end)
+            } else {
+                Found::Clash
+            };
+            let i = match found {
+                Found::Tile(i) => Some(i),
+                Found::New(at) => {
+                    let r = self.pool.put(region);
+                    Some(tiles.insert(at, probe.start, probe.end, r))
+                }
+                Found::Clash => None,
+            };
+            if let Some(i) = i {
+                let t = &mut tiles.tiles[i];
+                self.entries -= tile_access(t, write, task, live, deps);
+                self.entries += 1;
+                return;
+            }
+            idx.make_general(&mut self.pool, &mut self.seq);
+        }
         if probe.start != probe.end {
             self.entries -= idx.scan(&mut self.pool, region, probe, write, live, deps);
         }
@@ -325,6 +625,28 @@ impl TensorMap {
         }
     }
 
+    /// Forgets every entry (a run's end: its tasks' references mean nothing to the next run),
+    /// keeping some memory for the next run: the indexes of up to [`SPARE`] buffers, each
+    /// trimmed to [`KEEP`] entries, and the region pool.
+    pub(crate) fn clear(&mut self) {
+        for (_, mut idx) in self.bufs.drain() {
+            if self.spare.len() < SPARE {
+                idx.reset();
+                self.spare.push(idx);
+            }
+        }
+        for idx in &mut self.spare {
+            idx.trim();
+        }
+        self.pool.regions.clear();
+        self.pool.regions.shrink_to(KEEP);
+        self.pool.free.clear();
+        self.pool.free.shrink_to(KEEP);
+        self.seq = 0;
+        self.entries = 0;
+        self.sweep_at = 0;
+    }
+
     /// True once the map has grown enough since the last sweep that one is due.
     pub(crate) fn needs_sweep(&self) -> bool {
         self.entries >= self.sweep_at.max(SWEEP_MIN)
@@ -335,7 +657,40 @@ impl TensorMap {
     pub(crate) fn sweep(&mut self, mut live: impl FnMut(TaskRef) -> Liveness) {
         let mut left = 0;
         let free = &mut self.pool.free;
+        let spare = &mut self.spare;
+        let mut keep = |idx: &mut BufIndex, kept: bool| {
+            if !kept && spare.len() < SPARE {
+                idx.reset();
+                spare.push(std::mem::take(idx));
+            }
+            kept
+        };
         self.bufs.retain(|_, idx| {
+            if let Some(tiles) = &mut idx.tiles {
+                for t in &mut tiles.tiles {
+                    t.writers.retain(|x| live(*x) != Liveness::Retired);
+                    t.readers.retain(|x| live(*x) != Liveness::Retired);
+                    t.prune_at = (2 * t.readers.len()).max(8);
+                    left += t.writers.len() + t.readers.len();
+                }
+                if tiles.tiles.iter().any(Tile::is_empty) {
+                    tiles.tiles.retain(|t| {
+                        if t.is_empty() {
+                            free.push(t.region);
+                        }
+                        !t.is_empty()
+                    });
+                    tiles.by_start.clear();
+                    tiles.order.clear();
+                    for (i, t) in tiles.tiles.iter().enumerate() {
+                        tiles.by_start.insert(t.start, i as u32);
+                        tiles.order.push((t.start, t.end));
+                    }
+                    tiles.order.sort_unstable();
+                }
+                let kept = !tiles.tiles.is_empty();
+                return keep(idx, kept);
+            }
             for side in &mut idx.sides {
                 side.entries.retain(|e| {
                     let keep = !e.dead && live(e.task) != Liveness::Retired;
@@ -347,7 +702,8 @@ impl TensorMap {
                 side.dead = 0;
                 left += side.entries.len();
             }
-            !idx.is_empty()
+            let kept = !idx.is_empty();
+            keep(idx, kept)
         });
         self.entries = left;
         self.sweep_at = 2 * left;
@@ -358,8 +714,14 @@ impl TensorMap {
     pub(crate) fn len(&self) -> usize {
         self.bufs
             .values()
-            .flat_map(|b| &b.sides)
-            .map(|s| s.entries.len() - s.dead)
-            .sum()
+            .map(|b| match &b.tiles {
+                Some(t) => t
+                    .tiles
+                    .iter()
+                    .map(|t| t.writers.len() + t.readers.len())
+                    .sum::<usize>(),
+                None => b.sides.iter().map(|s| s.entries.len() - s.dead).sum(),
+            })
+            .sum::<usize>()
     }
 }

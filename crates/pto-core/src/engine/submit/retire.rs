@@ -113,5 +113,8 @@ impl Orchestrator {
         *self.engine.kept.lock() = std::mem::take(&mut self.kept);
         *self.engine.free.lock() = std::mem::take(&mut self.free);
         *self.engine.aux.lock() = std::mem::take(&mut self.aux);
+        // The next run starts with an empty map that keeps this one's memory.
+        self.tmap.clear();
+        *self.engine.tmap.lock() = std::mem::take(&mut self.tmap);
     }
 }
