@@ -275,20 +275,24 @@ impl Orchestrator {
                 }
             }
         }
-        // Two arguments of one task may share bytes only if both are read-only.
+        // Two arguments of one task may share bytes only if both are read-only. Byte extents
+        // first: most pairs are apart.
         let ts = &args.tensors;
         for (i, a) in ts.iter().enumerate().skip(1) {
             let TensorArg::Existing(ti, mi) = a else {
                 continue;
             };
+            let mut range_i = None;
             for (j, b) in ts[..i].iter().enumerate() {
                 let TensorArg::Existing(tj, mj) = b else {
                     continue;
                 };
-                if (mi.writable() || mj.writable())
-                    && ti.buffer() == tj.buffer()
-                    && crate::tensor::intersects(ti.region(), tj.region())
-                {
+                if !(mi.writable() || mj.writable()) || ti.buffer() != tj.buffer() {
+                    continue;
+                }
+                let (si, ei) = *range_i.get_or_insert_with(|| ti.region().byte_range());
+                let (sj, ej) = tj.region().byte_range();
+                if si < ej && sj < ei && crate::tensor::intersects(ti.region(), tj.region()) {
                     return Err(invalid(
                         &kernel,
                         format!(
