@@ -148,11 +148,15 @@ impl Tile {
 #[derive(Default, Debug)]
 struct Tiles {
     tiles: Vec<Tile>,
-    /// First byte -> index in `tiles`.
+    /// First byte -> index in `tiles`, for the tiles accessed again (a tile enters at its
+    /// second access: a program that writes each tile once pays no hash insert).
     by_start: FxHashMap<usize, u32>,
-    /// `(start, end)` of every tile, sorted: to check that a new range is disjoint from the
-    /// others, and to find the tiles a host lookup overlaps.
-    order: Vec<(usize, usize)>,
+    /// `(start, end, index in tiles)` of every tile, sorted by first byte: to find a tile not
+    /// in `by_start`, to check that a new range is disjoint from the others, and to find the
+    /// tiles a host lookup overlaps.
+    order: Vec<(usize, usize, u32)>,
+    /// The tile accessed last, looked at first (a chain on one tensor).
+    last: usize,
 }
 
 /// Where a tiled buffer's access goes.
@@ -166,23 +170,34 @@ enum Found {
 }
 
 impl Tiles {
-    fn find(&self, s: usize, e: usize) -> Found {
-        if let Some(&i) = self.by_start.get(&s) {
-            return if self.tiles[i as usize].end == e {
-                Found::Tile(i as usize)
+    fn find(&mut self, s: usize, e: usize) -> Found {
+        let tile = |i: usize, end: usize| {
+            if end == e {
+                Found::Tile(i)
             } else {
                 Found::Clash
-            };
+            }
+        };
+        if let Some(t) = self.tiles.get(self.last).filter(|t| t.start == s) {
+            return tile(self.last, t.end);
         }
-        // Usually past every tile (a program walking forward through a buffer).
+        // A new range past every tile (a program walking forward through a buffer).
         match self.order.last() {
             None => return Found::New(0),
-            Some(&(_, last_end)) if last_end <= s => return Found::New(self.order.len()),
+            Some(&(_, last_end, _)) if last_end <= s => return Found::New(self.order.len()),
             _ => {}
         }
-        let at = self.order.partition_point(|&(ts, _)| ts < s);
+        if let Some(&i) = self.by_start.get(&s) {
+            return tile(i as usize, self.tiles[i as usize].end);
+        }
+        let at = self.order.partition_point(|&(ts, _, _)| ts < s);
+        if let Some(&(ts, te, i)) = self.order.get(at).filter(|o| o.0 == s) {
+            // A tile's second access: from now on it is found by hash.
+            self.by_start.insert(ts, i);
+            return tile(i as usize, te);
+        }
         let prev_ok = at == 0 || self.order[at - 1].1 <= s;
-        let next_ok = self.order.get(at).is_none_or(|&(ts, _)| e <= ts);
+        let next_ok = self.order.get(at).is_none_or(|&(ts, _, _)| e <= ts);
         if prev_ok && next_ok {
             Found::New(at)
         } else {
@@ -200,8 +215,7 @@ impl Tiles {
             readers: SmallVec::new(),
             prune_at: 8,
         });
-        self.by_start.insert(s, i as u32);
-        self.order.insert(at, (s, e));
+        self.order.insert(at, (s, e, i as u32));
         i
     }
 }
@@ -305,14 +319,11 @@ impl BufIndex {
         deps: &mut SmallVec<[TaskRef; 8]>,
     ) {
         let (s, e) = (probe.start, probe.end);
-        let first = tiles.order.partition_point(|&(_, te)| te <= s);
-        for &(ts, _) in &tiles.order[first..] {
+        let first = tiles.order.partition_point(|&(_, te, _)| te <= s);
+        for &(ts, _, i) in &tiles.order[first..] {
             if ts >= e {
                 break;
             }
-            let Some(&i) = tiles.by_start.get(&ts) else {
-                continue;
-            };
             let t = &tiles.tiles[i as usize];
             if !probe.contig && overlap(region, pool.get(t.region)) == Overlap::Disjoint {
                 continue;
@@ -593,6 +604,7 @@ impl TensorMap {
                 Found::Clash => None,
             };
             if let Some(i) = i {
+                tiles.last = i;
                 let t = &mut tiles.tiles[i];
                 self.entries -= tile_access(t, write, task, live, deps);
                 self.entries += 1;
@@ -683,8 +695,7 @@ impl TensorMap {
                     tiles.by_start.clear();
                     tiles.order.clear();
                     for (i, t) in tiles.tiles.iter().enumerate() {
-                        tiles.by_start.insert(t.start, i as u32);
-                        tiles.order.push((t.start, t.end));
+                        tiles.order.push((t.start, t.end, i as u32));
                     }
                     tiles.order.sort_unstable();
                 }

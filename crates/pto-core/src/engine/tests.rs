@@ -466,38 +466,61 @@ fn print_sizes() {
     );
 }
 
-/// Split of the engine's cost on one thread: submitting 1024 chained tasks (no core thread
-/// touches anything meanwhile), then running them. Prints; run by hand with --ignored.
+/// Split of the engine's cost on one thread, for the three patterns of `pto bench dag` (chain:
+/// one INOUT cell; fan: read one cell, write the next cell of a long buffer; diamond: read two
+/// cells of the layer before, write one of this layer, layers of 8): submitting 1024 tasks (no
+/// core thread touches anything meanwhile), then running them. What `pto bench dag` measures
+/// beyond the submit cost is the price of handing tasks between CPUs. Prints; run by hand with
+/// `cargo test --release -p pto-core --lib probe_submit_vs_run_cost -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn probe_submit_vs_run_cost() {
-    let e = engine(1, 2, 4096);
-    let mut o = orch(&e, 4096, 1 << 20);
-    let t = Tensor::zeros(&[1], DType::I64).unwrap();
-    let k = kernel();
-    let (mut sub, mut run, mut n) = (0f64, 0f64, 0usize);
-    let mut rot = 0;
-    let mut streak = 0;
-    for _ in 0..200 {
-        o.begin_scope(false).unwrap();
-        let t0 = std::time::Instant::now();
-        for _ in 0..1024 {
-            let plan = o.plan(Some(&k), TaskArgs::new().inout(&t)).unwrap();
-            let at = o.place(&plan).ok().unwrap();
-            o.commit(plan, at).unwrap();
+    for pattern in ["chain", "fan", "diamond"] {
+        let e = engine(1, 2, 4096);
+        let mut o = orch(&e, 4096, 1 << 20);
+        let cell = Tensor::zeros(&[1], DType::I64).unwrap();
+        let cells = Tensor::zeros(&[1 << 20], DType::I64).unwrap();
+        let layers = Tensor::zeros(&[2, 8], DType::I64).unwrap();
+        let k = kernel();
+        let (mut sub, mut run, mut n) = (0f64, 0f64, 0usize);
+        let (mut rot, mut streak, mut j) = (0, 0, 0usize);
+        for _ in 0..200 {
+            o.begin_scope(false).unwrap();
+            let t0 = std::time::Instant::now();
+            for _ in 0..1024 {
+                let args = match pattern {
+                    "chain" => TaskArgs::new().inout(&cell),
+                    "fan" => {
+                        let v = cells.view(&[1], &[j]).unwrap();
+                        TaskArgs::new().input(&cell).output_existing(&v)
+                    }
+                    _ => {
+                        let (layer, c) = (j / 8, j % 8);
+                        let (src, dst) = ((layer + 1) % 2, layer % 2);
+                        let a = layers.view(&[1, 1], &[src, c]).unwrap();
+                        let b = layers.view(&[1, 1], &[src, (c + 1) % 8]).unwrap();
+                        let out = layers.view(&[1, 1], &[dst, c]).unwrap();
+                        TaskArgs::new().input(&a).input(&b).output_existing(&out)
+                    }
+                };
+                j += 1;
+                let plan = o.plan(Some(&k), args).unwrap();
+                let at = o.place(&plan).ok().unwrap();
+                o.commit(plan, at).unwrap();
+            }
+            let t1 = std::time::Instant::now();
+            run_ready(&e, &mut rot, &mut streak);
+            o.end_scope();
+            let t2 = std::time::Instant::now();
+            sub += (t1 - t0).as_secs_f64();
+            run += (t2 - t1).as_secs_f64();
+            n += 1024;
         }
-        let t1 = std::time::Instant::now();
-        run_ready(&e, &mut rot, &mut streak);
-        o.end_scope();
-        let t2 = std::time::Instant::now();
-        sub += (t1 - t0).as_secs_f64();
-        run += (t2 - t1).as_secs_f64();
-        n += 1024;
+        eprintln!(
+            "{pattern}: submit {:.0} ns/task, run + reclaim {:.0} ns/task",
+            sub * 1e9 / n as f64,
+            run * 1e9 / n as f64
+        );
+        o.close();
     }
-    eprintln!(
-        "submit {:.0} ns/task, run + reclaim {:.0} ns/task",
-        sub * 1e9 / n as f64,
-        run * 1e9 / n as f64
-    );
-    o.close();
 }
