@@ -144,7 +144,9 @@ pub(crate) struct Engine {
     /// The nodes that may still hold a kernel (only the orchestrating thread uses it).
     pub(crate) kept: Mutex<Vec<u32>>,
     /// The TensorMap's memory between runs (emptied; only the orchestrating thread uses it).
-    pub(crate) tmap: Mutex<tensormap::TensorMap>,
+    /// Boxed: inline, its size moved the unpadded atomics after it onto lines the deferred
+    /// path shares (deferred latency p90 0.7-2 -> 8-15 us, measured).
+    pub(crate) tmap: Mutex<Option<Box<tensormap::TensorMap>>>,
     /// Ready queues: MIX, AIC, AIV.
     pub(crate) queues: [Injector<u32>; 3],
     /// The tasks the orchestrating thread found ready at submit, per shape as `queues` (it is
@@ -219,7 +221,7 @@ impl Engine {
             free: Mutex::new(Vec::new()),
             aux: Mutex::new(Vec::new()),
             kept: Mutex::new(Vec::new()),
-            tmap: Mutex::new(tensormap::TensorMap::default()),
+            tmap: Mutex::new(None),
             queues: [Injector::new(), Injector::new(), Injector::new()],
             orch_queues: std::array::from_fn(|_| Spmc::new(ORCH_QUEUE)),
             cores: Cores::new(cfg.aic, cfg.aiv),

@@ -166,7 +166,7 @@ impl Orchestrator {
         let free = std::mem::take(&mut *engine.free.lock());
         let aux = std::mem::take(&mut *engine.aux.lock());
         let kept = std::mem::take(&mut *engine.kept.lock());
-        let tmap = std::mem::take(&mut *engine.tmap.lock());
+        let tmap = engine.tmap.lock().take().map(|m| *m).unwrap_or_default();
         Orchestrator {
             engine,
             next_id: 0,

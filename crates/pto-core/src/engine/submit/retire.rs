@@ -115,6 +115,6 @@ impl Orchestrator {
         *self.engine.aux.lock() = std::mem::take(&mut self.aux);
         // The next run starts with an empty map that keeps this one's memory.
         self.tmap.clear();
-        *self.engine.tmap.lock() = std::mem::take(&mut self.tmap);
+        *self.engine.tmap.lock() = Some(Box::new(std::mem::take(&mut self.tmap)));
     }
 }
