@@ -58,6 +58,7 @@ fn execute(a: &RunArgs, rep: &Reporter) -> anyhow::Result<Flow> {
     if args.backend == Backend::Mpi {
         return mpi::run(
             a,
+            rep,
             |n| ex.check_args(&args, n),
             |comm| pto_examples::dist::run_on(ex, comm, &args),
         );
@@ -95,6 +96,7 @@ fn execute_plugin(a: &RunArgs, rep: &Reporter, path: &std::path::Path) -> anyhow
         let (p, name) = (&plugin, a.example.as_str());
         return mpi::run(
             a,
+            rep,
             |_| Ok(()),
             |comm| pto_examples::plugin::run_on(p, name, comm, &args),
         );
@@ -471,6 +473,7 @@ mod mpi {
 
     pub fn run(
         _: &RunArgs,
+        _: &Reporter,
         _: impl Fn(usize) -> Result<(), pto_examples::ExampleError>,
         _: impl FnOnce(&pto_comm::Comm) -> Result<Outcome, pto_examples::ExampleError>,
     ) -> anyhow::Result<Flow> {
@@ -485,8 +488,14 @@ mod mpi {
     /// Under `mpirun`, this process is one rank: `check` the job's size, run `body` (its part,
     /// with the verdicts exchanged), and report on rank 0. Outside `mpirun`, start
     /// `mpirun -n <ranks>` on this same command.
+    ///
+    /// Ranks whose part ended with a verdict wait (a barrier) until rank 0 has printed its
+    /// report: `mpirun` ends the whole job as soon as one rank exits with an error code, which
+    /// would otherwise cut rank 0 off before its report of a failed job. A rank whose part
+    /// failed outright exits at once (its peers may be unable to meet it).
     pub fn run(
         a: &RunArgs,
+        rep: &Reporter,
         check: impl Fn(usize) -> Result<(), pto_examples::ExampleError>,
         body: impl FnOnce(&pto_comm::Comm) -> Result<Outcome, pto_examples::ExampleError>,
     ) -> anyhow::Result<Flow> {
@@ -505,10 +514,26 @@ mod mpi {
         }
         check(comm.size()).map_err(|e| Usage(e.to_string()))?;
         let result = body(&comm);
+        // A failed barrier (a peer gone meanwhile) changes nothing: this rank exits with its
+        // code either way.
+        let wait_for_report = || {
+            let _ = comm.barrier();
+        };
         if comm.rank() == 0 {
-            let o = result?;
-            write_trace(a, &o)?;
-            return Ok(Flow::Report(o));
+            let reported = result
+                .map_err(anyhow::Error::from)
+                .and_then(|o| write_trace(a, &o).map(|()| o));
+            let code = match &reported {
+                Ok(o) => rep.outcome(o),
+                Err(e) => rep.error(e),
+            };
+            if reported.is_ok() {
+                wait_for_report();
+            }
+            return Ok(Flow::Exit(code));
+        }
+        if result.is_ok() {
+            wait_for_report();
         }
         // Rank 0 reports for everyone; the others say only how their own part went.
         Ok(Flow::Exit(match result {
