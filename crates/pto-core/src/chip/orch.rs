@@ -106,14 +106,14 @@ impl<'a> Orch<'a> {
         kernel: Option<&Arc<crate::kernel::Kernel>>,
         args: TaskArgs,
     ) -> Result<Submitted, OrchError> {
-        let plan = self.state.plan(kernel, args)?;
+        let plan = self.state.plan(kernel, &args)?;
         // The clock is read only once the ring is full (a clock read per task costs more than
         // the rest of a submit's bookkeeping on some virtual machines).
         let mut started: Option<(Instant, Instant)> = None;
         loop {
             match self.state.place(&plan) {
                 Ok(at) => {
-                    let (task, outputs) = self.state.commit(plan, at)?;
+                    let (task, outputs) = self.state.commit(plan, args, at)?;
                     return Ok(Submitted { task, outputs });
                 }
                 Err(Blocked::Never(e)) => return Err(e),

@@ -46,7 +46,6 @@ impl std::fmt::Debug for RingConfig {
 /// traffic per task).
 pub(crate) struct Plan<'k> {
     kernel: Option<&'k Arc<Kernel>>,
-    args: TaskArgs,
     /// Byte offsets of each runtime output within the task's allocation.
     out_offsets: SmallVec<[usize; 4]>,
     bytes: usize,
@@ -237,7 +236,7 @@ impl Orchestrator {
     pub(crate) fn plan<'k>(
         &self,
         kernel: Option<&'k Arc<Kernel>>,
-        args: TaskArgs,
+        args: &TaskArgs,
     ) -> Result<Plan<'k>, OrchError> {
         if let Some(k) = &kernel {
             if !self.engine.cores.has(k.kind()) {
@@ -315,7 +314,6 @@ impl Orchestrator {
         }
         Ok(Plan {
             kernel,
-            args,
             out_offsets,
             bytes,
             ring,
@@ -379,11 +377,11 @@ impl Orchestrator {
     pub(crate) fn commit(
         &mut self,
         plan: Plan<'_>,
+        args: TaskArgs,
         at: usize,
     ) -> Result<(TaskId, Vec<Tensor>), OrchError> {
         let Plan {
             kernel,
-            args,
             out_offsets,
             bytes,
             ring,

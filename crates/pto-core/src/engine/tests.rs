@@ -45,9 +45,9 @@ fn kernel() -> Arc<Kernel> {
 
 fn submit(o: &mut Orchestrator, args: TaskArgs) -> u64 {
     let k = kernel();
-    let plan = o.plan(Some(&k), args).unwrap();
+    let plan = o.plan(Some(&k), &args).unwrap();
     let at = o.place(&plan).ok().unwrap();
-    o.commit(plan, at).unwrap().0.get()
+    o.commit(plan, args, at).unwrap().0.get()
 }
 
 /// Takes every ready block without running it yet.
@@ -207,7 +207,7 @@ fn a_ring_full_of_an_open_scope_is_a_deadlock_not_a_wait() {
     }
     drain(&e);
     let k = kernel();
-    let plan = o.plan(Some(&k), TaskArgs::new()).unwrap();
+    let plan = o.plan(Some(&k), &TaskArgs::new()).unwrap();
     assert!(matches!(
         o.place(&plan),
         Err(Blocked::Never(OrchError::ScopeDeadlock { depth: 1, .. }))
@@ -255,9 +255,10 @@ fn probe_engine_cost() {
     while i < n {
         o.begin_scope(false).unwrap();
         for _ in 0..1024 {
-            let plan = o.plan(Some(&k), TaskArgs::new().inout(&t)).unwrap();
+            let args = TaskArgs::new().inout(&t);
+            let plan = o.plan(Some(&k), &args).unwrap();
             let at = o.place(&plan).ok().unwrap();
-            o.commit(plan, at).unwrap();
+            o.commit(plan, args, at).unwrap();
             run_ready(&e, &mut rot, &mut streak);
             i += 1;
         }
@@ -378,7 +379,7 @@ mod ordering {
                             _ => TaskArgs::new().output_existing(&t),
                         };
                         let k = kernel();
-                        let plan = d.plan(Some(&k), args).unwrap();
+                        let plan = d.plan(Some(&k), &args).unwrap();
                         let at = loop {
                             match d.place(&plan) {
                                 Ok(at) => break Some(at),
@@ -394,7 +395,7 @@ mod ordering {
                             }
                         };
                         let Some(at) = at else { continue };
-                        let (id, _) = d.commit(plan, at).unwrap();
+                        let (id, _) = d.commit(plan, args, at).unwrap();
                         ids.push(id.get());
                         let mut preds: BTreeSet<u64> = d.deps_of(id.get()).into_iter().collect();
                         preds.extend(finished.iter().copied());
@@ -504,9 +505,9 @@ fn probe_submit_vs_run_cost() {
                     }
                 };
                 j += 1;
-                let plan = o.plan(Some(&k), args).unwrap();
+                let plan = o.plan(Some(&k), &args).unwrap();
                 let at = o.place(&plan).ok().unwrap();
-                o.commit(plan, at).unwrap();
+                o.commit(plan, args, at).unwrap();
             }
             let t1 = std::time::Instant::now();
             run_ready(&e, &mut rot, &mut streak);
