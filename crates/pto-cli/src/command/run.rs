@@ -18,8 +18,8 @@ use crate::exit::{self, Usage};
 enum Flow {
     /// A verdict to report.
     Report(Outcome),
-    /// Nothing to report here (an MPI rank other than 0, or the launcher of an MPI job whose
-    /// rank 0 reported): exit with this code.
+    /// Nothing more to report here (an MPI rank: rank 0 printed the job's report itself; or the
+    /// launcher of an MPI job whose rank 0 reported): exit with this code.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     Exit(ExitCode),
 }

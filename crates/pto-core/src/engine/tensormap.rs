@@ -3,8 +3,8 @@
 //! Keyed by buffer id. A buffer starts *tiled*: while every access to it is a contiguous byte
 //! range that is either identical to or disjoint from every other range it holds entries for
 //! (the tiles of a tiled program, one tensor updated again and again), each range is one
-//! [`Tile`] found by its first byte in a hash map, and an access depends only on its own tile's
-//! writer and readers (no search, no overlap test). The first access that breaks this (a
+//! [`Tile`] (found by [`Tiles::find`]), and an access depends only on its own tile's writer and
+//! readers (no search, no overlap test). The first access that breaks this (a
 //! partial overlap, or a layout with gaps) turns the buffer *general*: its tiles become
 //! entries ordered by their first byte so that an
 //! overlap query visits only entries that start within `max_len` bytes before the probe.
@@ -170,6 +170,9 @@ enum Found {
 }
 
 impl Tiles {
+    /// Where an access of bytes `[s, e)` goes: the tile accessed last, then a new range past
+    /// every tile (an append), then the hash map, then a binary search of `order` (which puts a
+    /// tile found there into the hash map, and checks a new range against its neighbours).
     fn find(&mut self, s: usize, e: usize) -> Found {
         let tile = |i: usize, end: usize| {
             if end == e {
@@ -281,9 +284,8 @@ impl BufIndex {
             return;
         };
         // In address order, so that the sides are sorted as they are built.
-        let mut order: Vec<&Tile> = tiles.tiles.iter().collect();
-        order.sort_unstable_by_key(|t| t.start);
-        for t in order {
+        for &(_, _, i) in &tiles.order {
+            let t = &tiles.tiles[i as usize];
             let region = *pool.get(t.region);
             for (write, list) in [(false, &t.readers[..]), (true, &t.writers[..])] {
                 let side = &mut self.sides[usize::from(write)];
