@@ -682,8 +682,19 @@ impl TensorMap {
         self.bufs.retain(|_, idx| {
             if let Some(tiles) = &mut idx.tiles {
                 for t in &mut tiles.tiles {
-                    t.writers.retain(|x| live(*x) != Liveness::Retired);
-                    t.readers.retain(|x| live(*x) != Liveness::Retired);
+                    // Most tiles hold one writer and no reader (or nothing): no list pass.
+                    match t.writers[..] {
+                        [] => {}
+                        [w] => {
+                            if live(w) == Liveness::Retired {
+                                t.writers.clear();
+                            }
+                        }
+                        _ => t.writers.retain(|x| live(*x) != Liveness::Retired),
+                    }
+                    if !t.readers.is_empty() {
+                        t.readers.retain(|x| live(*x) != Liveness::Retired);
+                    }
                     t.prune_at = (2 * t.readers.len()).max(8);
                     left += t.writers.len() + t.readers.len();
                 }
