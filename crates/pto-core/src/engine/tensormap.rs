@@ -138,7 +138,15 @@ struct Tile {
     prune_at: usize,
 }
 
+/// The least reader count at which a tile prunes its retired readers.
+const MIN_PRUNE: usize = 8;
+
 impl Tile {
+    /// The next prune comes when the readers left now have doubled.
+    fn next_prune(&mut self) {
+        self.prune_at = (2 * self.readers.len()).max(MIN_PRUNE);
+    }
+
     fn is_empty(&self) -> bool {
         self.writers.is_empty() && self.readers.is_empty()
     }
@@ -216,7 +224,7 @@ impl Tiles {
             region,
             writers: SmallVec::new(),
             readers: SmallVec::new(),
-            prune_at: 8,
+            prune_at: MIN_PRUNE,
         });
         self.order.insert(at, (s, e, i as u32));
         i
@@ -453,7 +461,7 @@ fn tile_access(
         }
         if t.readers.len() >= t.prune_at {
             t.readers.retain(|x| live(*x) != Liveness::Retired);
-            t.prune_at = (2 * t.readers.len()).max(8);
+            t.next_prune();
         }
         t.readers.push(task);
     }
@@ -695,7 +703,7 @@ impl TensorMap {
                     if !t.readers.is_empty() {
                         t.readers.retain(|x| live(*x) != Liveness::Retired);
                     }
-                    t.prune_at = (2 * t.readers.len()).max(8);
+                    t.next_prune();
                     left += t.writers.len() + t.readers.len();
                 }
                 if tiles.tiles.iter().any(Tile::is_empty) {
