@@ -132,6 +132,16 @@ pub(crate) enum TensorArg {
     },
 }
 
+impl TensorArg {
+    /// The tensor and its mode; `None` for an output not allocated yet.
+    pub(crate) fn existing(&self) -> Option<(&Tensor, ArgMode)> {
+        match self {
+            TensorArg::Existing(t, m) => Some((t, *m)),
+            TensorArg::Create { .. } => None,
+        }
+    }
+}
+
 /// The arguments of one task, built in order: tensors (each with an [`ArgMode`]), scalars,
 /// explicit dependencies and the SPMD width.
 ///

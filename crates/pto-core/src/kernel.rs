@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use crate::args::{ArgMode, OutInit, Scalar, TaskId};
+use crate::args::{ArgMode, OutInit, Scalar, TaskId, TensorArg};
 use crate::deferred::{CompletionSender, CompletionToken, Condition};
 use crate::dtype::{DType, Element};
 use crate::tensor::{Region, Tensor, TensorError};
@@ -345,7 +345,9 @@ impl KernelRef for &str {
         last: &mut Option<&'r Arc<Kernel>>,
     ) -> Result<&'r Arc<Kernel>, RegistryError> {
         if let Some(k) = *last {
-            if k.name() == *self {
+            // Byte by byte: names are short, and a call to `memcmp` per submit costs more.
+            let (a, b) = (k.name().as_bytes(), self.as_bytes());
+            if a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y) {
                 return Ok(k);
             }
         }
@@ -372,9 +374,22 @@ pub(crate) struct Payload {
     /// Non-zero when `scalars`, `inits` or the body's `deps` may hold something (so that the
     /// common task never touches their lines).
     pub(crate) extras: u8,
-    pub(crate) tensors: SmallVec<[(Tensor, ArgMode); 4]>,
+    /// The task's arguments as submitted, each an [`TensorArg::Existing`] (the engine turns a
+    /// runtime output into one when it allocates it): the submitting [`crate::TaskArgs`]'
+    /// own vector, moved in whole rather than element by element.
+    pub(crate) tensors: Vec<TensorArg>,
     pub(crate) scalars: SmallVec<[Scalar; 4]>,
     pub(crate) inits: SmallVec<[(usize, OutInit); 2]>,
+}
+
+impl Payload {
+    /// The tensor arguments with their positions and modes.
+    pub(crate) fn args(&self) -> impl Iterator<Item = (usize, &Tensor, ArgMode)> {
+        self.tensors
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.existing().map(|(t, m)| (i, t, m)))
+    }
 }
 
 /// The most completion conditions one task may register.
@@ -562,10 +577,11 @@ impl<'a> KernelCtx<'a> {
         self.ext.and_then(|e| e.downcast_ref::<E>())
     }
 
-    pub(crate) fn arg(&self, index: usize) -> Result<&'a (Tensor, ArgMode), KernelError> {
+    pub(crate) fn arg(&self, index: usize) -> Result<(&'a Tensor, ArgMode), KernelError> {
         self.payload
             .tensors
             .get(index)
+            .and_then(TensorArg::existing)
             .ok_or(KernelError::ArgIndex {
                 what: "tensor",
                 index,
@@ -579,7 +595,7 @@ impl<'a> KernelCtx<'a> {
     ///
     /// [`KernelError::ArgIndex`].
     pub fn tensor(&self, index: usize) -> Result<&'a Tensor, KernelError> {
-        Ok(&self.arg(index)?.0)
+        Ok(self.arg(index)?.0)
     }
 
     /// Tensor argument `index`'s mode.

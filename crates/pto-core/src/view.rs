@@ -563,7 +563,7 @@ impl<'a> KernelCtx<'a> {
         } else {
             *t.region()
         };
-        if write && *mode == ArgMode::NoDep {
+        if write && mode == ArgMode::NoDep {
             t.buffer()
                 .try_borrow(self.token, &region, true)
                 .map_err(|_| KernelError::DataRace {

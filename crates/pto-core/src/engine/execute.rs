@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use super::slab::{Body, State};
 use super::{encode_current, queue_of, Engine, TOKEN_TASK_BITS, TOKEN_TASK_MASK};
-use crate::args::{ArgMode, OutInit, TaskId};
+use crate::args::{ArgMode, OutInit, TaskId, TensorArg};
 use crate::buffer::BorrowSet;
 use crate::error::TaskFailure;
 use crate::kernel::{CoreId, CoreKind, KernelCtx, Registrations};
@@ -237,7 +237,9 @@ impl Engine {
             if conflict.is_none() && body.payload.extras != 0 {
                 for &(i, init) in &body.payload.inits {
                     if init == OutInit::Zeroed {
-                        if let Some((t, _)) = body.payload.tensors.get(i) {
+                        if let Some((t, _)) =
+                            body.payload.tensors.get(i).and_then(TensorArg::existing)
+                        {
                             crate::view::zero_fill(t);
                         }
                     }
@@ -507,11 +509,11 @@ impl Engine {
     /// conflict.
     fn check_untracked(&self, body: &Body, tid: usize) -> Option<String> {
         let _ = tid;
-        for (i, (t, mode)) in body.payload.tensors.iter().enumerate() {
+        for (i, t, mode) in body.payload.args() {
             if i < 64 && body.registered & (1 << i) != 0 {
                 continue;
             }
-            let write = mode.writable() && *mode != ArgMode::NoDep;
+            let write = mode.writable() && mode != ArgMode::NoDep;
             if let Err(c) = t.buffer().check_untracked(body.token, t.region(), write) {
                 return Some(self.conflict_message(i, t.buffer().id(), c.other));
             }
@@ -523,11 +525,11 @@ impl Engine {
     /// another run uses), held until the task finishes.
     fn register_borrows(&self, slot: u32, body: &Body) -> Option<String> {
         let mut set = BorrowSet::with_token(body.token);
-        for (i, (t, mode)) in body.payload.tensors.iter().enumerate() {
+        for (i, t, mode) in body.payload.args() {
             if i < 64 && body.registered & (1 << i) == 0 {
                 continue;
             }
-            let write = mode.writable() && *mode != ArgMode::NoDep;
+            let write = mode.writable() && mode != ArgMode::NoDep;
             if let Err(c) = set.add(t.buffer(), t.region(), write) {
                 return Some(self.conflict_message(i, t.buffer().id(), c.other));
             }
@@ -586,7 +588,7 @@ impl crate::buffer::RunningTasks for Engine {
                     // SAFETY: the reference taken above keeps the body until the decrement.
                     let body = unsafe { s.body() };
                     if body.token == want && body.token != token {
-                        for (i, (t, mode)) in body.payload.tensors.iter().enumerate() {
+                        for (i, t, mode) in body.payload.args() {
                             if i < 64 && body.registered & (1 << i) != 0 {
                                 continue;
                             }

@@ -499,37 +499,41 @@ impl Orchestrator {
                 &mut deps,
             );
         }
-        let mut outs = out_offsets.iter();
-        for (i, a) in tensors.drain(..).enumerate() {
-            match a {
-                TensorArg::Existing(t, mode) => b.payload.tensors.push((t, mode)),
-                TensorArg::Create { shape, dtype, init } => {
-                    let off = at + outs.next().copied().unwrap_or(0);
-                    let Some(heap) = heap.clone() else {
-                        return Err(OrchError::msg("internal: an output without a ring heap"));
-                    };
-                    let region = Region::contiguous(dtype, off / dtype.size(), &shape);
-                    let t = Tensor {
-                        buffer: heap,
-                        region,
-                        origin: lease.as_ref().map(|l| Origin {
-                            task: TaskId(id),
-                            lease: l.clone(),
-                        }),
-                    };
-                    // The ring's heap is this run's own.
-                    if !own(owned, t.buffer()) && i < 64 {
-                        b.registered |= 1 << i;
-                    }
-                    if init != OutInit::Unspecified {
-                        b.payload.inits.push((i, init));
-                        b.payload.extras = 1;
-                    }
-                    outputs.push(t.clone());
-                    b.payload.tensors.push((t, ArgMode::Out));
+        // Runtime outputs become tensors in place; then the vector moves into the node whole
+        // (no tensor is copied), and the node's emptied one goes back to the pool.
+        if !out_offsets.is_empty() {
+            let mut outs = out_offsets.iter();
+            for (i, a) in tensors.iter_mut().enumerate() {
+                let TensorArg::Create { shape, dtype, init } = a else {
+                    continue;
+                };
+                let (dtype, init) = (*dtype, *init);
+                let off = at + outs.next().copied().unwrap_or(0);
+                let Some(heap) = heap.clone() else {
+                    return Err(OrchError::msg("internal: an output without a ring heap"));
+                };
+                let region = Region::contiguous(dtype, off / dtype.size(), shape);
+                let t = Tensor {
+                    buffer: heap,
+                    region,
+                    origin: lease.as_ref().map(|l| Origin {
+                        task: TaskId(id),
+                        lease: l.clone(),
+                    }),
+                };
+                // The ring's heap is this run's own.
+                if !own(owned, t.buffer()) && i < 64 {
+                    b.registered |= 1 << i;
                 }
+                if init != OutInit::Unspecified {
+                    b.payload.inits.push((i, init));
+                    b.payload.extras = 1;
+                }
+                outputs.push(t.clone());
+                *a = TensorArg::Existing(t, ArgMode::Out);
             }
         }
+        std::mem::swap(&mut b.payload.tensors, &mut tensors);
         crate::args::pool::give(tensors);
         // Explicit dependencies and producers of runtime outputs name tasks by id: find their
         // nodes among the live ones (the TensorMap knows tasks by node). `root` is `1 + id` of

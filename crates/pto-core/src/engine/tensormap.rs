@@ -478,13 +478,31 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
+    /// [`Region::byte_range`] and [`Region::is_contiguous`] in one pass over the dimensions
+    /// (one per tensor argument of every task).
     pub(crate) fn of(region: &Region) -> Probe {
-        let (start, end) = region.byte_range();
-        Probe {
-            start,
-            end,
-            contig: region.is_contiguous(),
+        let sz = region.dtype().size();
+        let (shape, strides) = (region.shape(), region.strides());
+        // Innermost first: contiguous while each stride is the product of the inner extents.
+        let (mut ext, mut acc, mut contig, mut empty) = (0usize, 1usize, true, false);
+        for (&n, &st) in shape.iter().zip(strides).rev() {
+            if n == 0 {
+                empty = true;
+            } else {
+                ext += (n - 1) * st;
+            }
+            if n != 1 && st != acc {
+                contig = false;
+            }
+            acc *= n;
         }
+        let start = region.offset() * sz;
+        let end = if empty {
+            start
+        } else {
+            (region.offset() + ext + 1) * sz
+        };
+        Probe { start, end, contig }
     }
 }
 
@@ -755,5 +773,39 @@ impl TensorMap {
                 None => b.sides.iter().map(|s| s.entries.len() - s.dead).sum(),
             })
             .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::Probe;
+    use crate::dtype::DType;
+    use crate::geometry::Region;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// The one-pass probe agrees with the region's own byte range and contiguity test.
+        #[test]
+        fn probe_matches_the_region(
+            offset in 0usize..50,
+            dims in proptest::collection::vec((0usize..4, 1usize..30), 1..=5),
+            wide in any::<bool>(),
+            row_major in any::<bool>(),
+        ) {
+            let shape: Vec<usize> = dims.iter().map(|d| d.0).collect();
+            let dtype = if wide { DType::F64 } else { DType::I16 };
+            let r = if row_major {
+                Region::contiguous(dtype, offset, &shape)
+            } else {
+                let strides: Vec<usize> = dims.iter().map(|d| d.1).collect();
+                Region::checked(dtype, offset, &shape, &strides).unwrap()
+            };
+            let p = Probe::of(&r);
+            prop_assert_eq!((p.start, p.end), r.byte_range());
+            prop_assert_eq!(p.contig, r.is_contiguous());
+        }
     }
 }
