@@ -1,5 +1,5 @@
 //! Loom models of the engine's lock-free protocols, run on the crate's real `SuccList`,
-//! `Sleep`, `Held`, `OrchWait` and `Spmc` (under `cfg(loom)` their atomics, mutex and futex
+//! `Sleep`, `Held`, `OrchWait`, `Spmc` and `ReaderGate` (under `cfg(loom)` their atomics, mutex and futex
 //! come from loom through `pto_shm::sync`; the futex model's `park` has no timeout, so a lost
 //! wake-up is a deadlock the model reports). Run with `scripts/loom.sh`.
 
@@ -12,6 +12,7 @@ use loom::sync::atomic::{AtomicU32, AtomicU64};
 use loom::sync::Arc;
 use loom::thread;
 
+use pto_core::engine::gate::ReaderGate;
 use pto_core::engine::held::Held;
 use pto_core::engine::orchwait::OrchWait;
 use pto_core::engine::sleep::Sleep;
@@ -283,4 +284,83 @@ fn an_orchestrator_queue_entry_is_taken_exactly_once() {
             assert_eq!(seen[v].load(Ordering::Relaxed), 1, "task {v}");
         }
     });
+}
+
+/// A scan pins a running task's body and reads it while the task's finishing thread closes
+/// the gate and, when no reader is inside, writes the body (its lines taken back unchanged).
+/// loom's cell reports a write concurrent with a read; a reader that finds the gate closed
+/// must not read.
+#[test]
+fn a_finishing_thread_writes_the_body_only_with_no_reader_inside() {
+    check("reader gate, 2 readers", Some(3), || {
+        let gate = Arc::new(ReaderGate::default());
+        let body = Arc::new(loom::cell::UnsafeCell::new(7u32));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (gate, body) = (gate.clone(), body.clone());
+                thread::spawn(move || {
+                    if gate.pin() {
+                        // SAFETY (model): pinned, so the finisher does not write.
+                        let v = body.with(|p| unsafe { *p });
+                        assert_eq!(v, 7);
+                        gate.unpin();
+                    }
+                })
+            })
+            .collect();
+        if gate.close() {
+            // SAFETY (model): no reader inside, and none can enter.
+            body.with_mut(|p| unsafe { *p = 7 });
+        }
+        for r in readers {
+            r.join().unwrap();
+        }
+        assert!(!gate.pin());
+    });
+}
+
+/// The orchestrating thread stages tasks in its ring without publishing them, publishing only
+/// when it sees a sleeper (as `Engine::push_from_orch` does), and then goes elsewhere without
+/// publishing; a core thread searches, and before it parks its last look publishes what is
+/// staged. Every task must be taken exactly once, and no thread may park with a task staged
+/// (the model's park has no timeout: that would deadlock).
+fn staged_model(items: u32) {
+    let q = Arc::new(Spmc::new(4));
+    let sleep = Arc::new(Sleep::default());
+    let taken = Arc::new(AtomicU32::new(0));
+    let seen: Arc<Vec<AtomicU32>> = Arc::new((0..items).map(|_| AtomicU32::new(0)).collect());
+    let core = {
+        let (q, sleep, taken, seen) = (q.clone(), sleep.clone(), taken.clone(), seen.clone());
+        thread::spawn(move || {
+            sleep.begin_search();
+            while taken.load(Ordering::SeqCst) < items {
+                if let Some(v) = q.pop() {
+                    seen[v as usize].fetch_add(1, Ordering::Relaxed);
+                    taken.fetch_add(1, Ordering::SeqCst);
+                    continue;
+                }
+                sleep.sleep(
+                    || !q.is_empty() || q.publish_staged(),
+                    Duration::from_secs(3600),
+                );
+            }
+            sleep.end_search();
+        })
+    };
+    for v in 0..items {
+        assert!(q.stage(v).is_ok());
+        if sleep.any_sleeper() && q.publish() {
+            sleep.notify();
+        }
+    }
+    core.join().unwrap();
+    for v in 0..items as usize {
+        assert_eq!(seen[v].load(Ordering::Relaxed), 1, "task {v}");
+    }
+    assert!(q.is_empty() && !q.has_staged());
+}
+
+#[test]
+fn a_staged_task_is_never_stranded() {
+    check("staged, 2 tasks", Some(3), || staged_model(2));
 }

@@ -502,6 +502,7 @@ impl Chip {
     /// timeout) is an error naming what runs, and a kernel that never returned breaks the chip.
     fn wait_all(&self, o: &Orchestrator) -> Option<RunError> {
         let e = &self.engine;
+        e.publish_orch();
         let total = o.submitted();
         let stall = self.cfg.stall_timeout;
         let mut last = (u64::MAX, Instant::now());

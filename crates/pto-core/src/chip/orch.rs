@@ -90,7 +90,7 @@ impl<'a> Orch<'a> {
 
     /// Waits (spinning briefly, then parked) until `finished` reaches `at`, or `cap` passes.
     fn wait_finished(&self, at: u64, cap: Duration, since: Instant) {
-        self.engine.flush_held();
+        self.engine.flush_orch();
         if since.elapsed() < self.spin {
             for _ in 0..64 {
                 std::hint::spin_loop();
@@ -215,7 +215,7 @@ impl<'a> Orch<'a> {
     /// Waits until every task that writes bytes of `t` (or, with `write`, also reads them) has
     /// finished.
     fn wait_producers(&mut self, t: &Tensor, write: bool) -> Result<(), OrchError> {
-        self.engine.flush_held();
+        self.engine.flush_orch();
         let deadline = Instant::now() + self.wait;
         let start = Instant::now();
         loop {

@@ -169,6 +169,12 @@ fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
                     break;
                 }
                 if i.is_multiple_of(256) {
+                    // Tasks the orchestrating thread staged and has not published (it is busy
+                    // elsewhere): publish them (see `Spmc::stage`). Not more often: reading
+                    // its count takes the line it writes for every task.
+                    if e.publish_staged() {
+                        continue;
+                    }
                     std::thread::yield_now();
                 }
             } else {
@@ -187,7 +193,7 @@ fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
             DEFERRED_PARK
         };
         e.sleep.sleep(
-            || e.has_ready() || e.shutdown.load(Ordering::Acquire),
+            || e.has_ready_or_staged() || e.shutdown.load(Ordering::Acquire),
             timeout,
         );
         // A task the orchestrating thread held back for longer than this thread searched (it

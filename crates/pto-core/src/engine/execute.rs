@@ -101,12 +101,33 @@ impl Engine {
 
     /// Queues a ready task on the orchestrating thread's own queue of its shape (on the shared
     /// one when that is full) and wakes a thread if none is looking.
+    ///
+    /// The entry is staged: the core threads see it when the orchestrating thread publishes
+    /// its queues ([`Engine::publish_orch`]: every few submits, and before it waits), or when
+    /// one of them, about to park, publishes it itself. A thread already parked would not look,
+    /// so with one parked the entry is published at once. See `docs/design/chip-scheduler.md`.
     pub(crate) fn push_from_orch(&self, slot: u32) {
         let q = queue_of(self.mark_ready(slot));
-        if let Err(slot) = self.orch_queues[q].push(slot) {
+        if let Err(slot) = self.orch_queues[q].stage(slot) {
             self.queues[q].push(slot);
+            self.sleep.notify();
+            return;
         }
-        self.sleep.notify();
+        if self.sleep.any_sleeper() {
+            self.publish_orch();
+        }
+    }
+
+    /// Makes the orchestrating thread's staged entries visible, and wakes a thread if none is
+    /// looking. Only the orchestrating thread calls it.
+    pub(crate) fn publish_orch(&self) {
+        let mut any = false;
+        for q in &self.orch_queues {
+            any |= q.publish();
+        }
+        if any {
+            self.sleep.notify();
+        }
     }
 
     /// Claims the next block of a task this thread took from a queue (or is about to run as an
@@ -497,6 +518,14 @@ impl Engine {
             for &p in &unsafe { s.body() }.retains {
                 self.slab.get(p).refs.fetch_sub(1, Ordering::AcqRel);
             }
+            // Close the body to the borrow scan; with no reader in it, take the lines the
+            // orchestrating thread will write next (see `Slot::take_lines`). Not on the
+            // orchestrating thread (a dummy or poisoned task): its lines are there already.
+            if tid.is_some() && s.readers.close() {
+                // SAFETY: this thread finishes the task and still holds its reference, and
+                // no reader holds the body.
+                unsafe { s.take_lines() };
+            }
             // The body may be reclaimed from here on: nothing below reads it.
             s.refs.fetch_sub(1, Ordering::AcqRel);
             self.count_finished(tid, id);
@@ -584,7 +613,8 @@ impl crate::buffer::RunningTasks for Engine {
                 }
                 let want = nonce << TOKEN_TASK_BITS | idlow;
                 let mut hit = None;
-                if s.id.load(Ordering::Acquire) & TOKEN_TASK_MASK == idlow {
+                // A task whose finishing thread closed its body holds no bytes any more.
+                if s.id.load(Ordering::Acquire) & TOKEN_TASK_MASK == idlow && s.readers.pin() {
                     // SAFETY: the reference taken above keeps the body until the decrement.
                     let body = unsafe { s.body() };
                     if body.token == want && body.token != token {
@@ -601,6 +631,7 @@ impl crate::buffer::RunningTasks for Engine {
                             }
                         }
                     }
+                    s.readers.unpin();
                 }
                 s.refs.fetch_sub(1, Ordering::AcqRel);
                 // A collision counts only if the task still runs: then both held the bytes at
@@ -634,12 +665,18 @@ impl Engine {
                 Err(x) => r = x,
             }
         }
-        // SAFETY: the reference taken above keeps the body until the decrement.
-        let name = unsafe { s.body() }
-            .kernel
-            .as_ref()
-            .map(|k| k.name().to_string());
+        // A task whose finishing thread closed its body is no longer running: no name.
+        let name = s.readers.pin().then(|| {
+            // SAFETY: the reference taken above keeps the body until the decrement, and the
+            // pin keeps the finishing thread out of it.
+            let name = unsafe { s.body() }
+                .kernel
+                .as_ref()
+                .map(|k| k.name().to_string());
+            s.readers.unpin();
+            name
+        });
         s.refs.fetch_sub(1, Ordering::AcqRel);
-        name
+        name.flatten()
     }
 }

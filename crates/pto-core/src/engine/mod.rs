@@ -19,6 +19,8 @@ pub(crate) mod cores;
 pub(crate) mod deferred;
 pub(crate) mod execute;
 #[doc(hidden)]
+pub mod gate;
+#[doc(hidden)]
 pub mod held;
 #[doc(hidden)]
 pub mod orchwait;
@@ -286,6 +288,29 @@ impl Engine {
         self.queues.iter().any(|q| !q.is_empty())
             || self.orch_queues.iter().any(|q| !q.is_empty())
             || self.held.is_some()
+    }
+
+    /// [`Engine::has_ready`], or entries the orchestrating thread staged: those it publishes
+    /// (the last look of a thread about to park, so that staged work is never stranded while
+    /// the orchestrating thread is busy elsewhere).
+    pub(crate) fn has_ready_or_staged(&self) -> bool {
+        self.has_ready() || self.publish_staged()
+    }
+
+    /// Publishes what the orchestrating thread staged, from any thread; true when there was
+    /// some. (A searching thread calls it now and then, so that staged work waits at most a
+    /// few microseconds when the orchestrating thread does something else than submit.)
+    pub(crate) fn publish_staged(&self) -> bool {
+        self.orch_queues
+            .iter()
+            .fold(false, |a, q| (q.has_staged() && q.publish_staged()) | a)
+    }
+
+    /// What the orchestrating thread does before it waits: publishes what it staged and queues
+    /// what it holds.
+    pub(crate) fn flush_orch(&self) {
+        self.publish_orch();
+        self.flush_held();
     }
 
     /// A task the orchestrating thread found ready at submit: held back when the engine holds

@@ -2,8 +2,10 @@
 //!
 //! A slot's shared state is atomics (dependency count, references, state, successor list) that
 //! any thread may touch. Its *body* (kernel, arguments, the producers it retains) is written by
-//! the orchestrating thread before the task is published, only read while the task can run,
-//! and dropped by the orchestrating thread when it reclaims the slot; the protocol, not a lock,
+//! the orchestrating thread before the task is published, only read while the task can run
+//! (but for the bytes its finishing thread writes back unchanged, to take the lines into its
+//! cache: [`Slot::take_lines`]), and dropped by the orchestrating thread when it reclaims the
+//! slot; the protocol, not a lock,
 //! keeps those phases apart, which is why this module may use `unsafe` (see each block).
 //! Chunks never move once allocated, so a slot index stays valid for every thread.
 
@@ -16,6 +18,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
+use super::gate::ReaderGate;
 use super::succ::SuccList;
 use crate::buffer::BorrowSet;
 use crate::kernel::{CoreId, Kernel, Payload, Registrations};
@@ -112,6 +115,9 @@ pub(crate) struct Slot {
     pub(crate) blocks_done: AtomicU32,
     /// True once `error`, `regs` or `borrows` holds something (so the common path locks none).
     pub(crate) extra: AtomicBool,
+    /// Threads that read the body of the running task without running it (the borrow
+    /// table's scan), closed by the thread that finishes it (see [`super::gate`]).
+    pub(crate) readers: ReaderGate,
     pub(crate) succ: SuccList,
     /// Trace: start of the first block (f64 bits; 0 = none yet), and its core
     /// (`queue << 16 | index`).
@@ -128,10 +134,12 @@ pub(crate) struct Slot {
     pub(crate) borrows: Mutex<Option<BorrowSet>>,
 }
 
-// SAFETY: every field but `body` is thread-safe. `body` is written only by the orchestrating
+// SAFETY: every field but `body` is thread-safe. `body` is written by the orchestrating
 // thread while no other thread can reach the slot (before the task is published, or after it
-// was reclaimed), and read by other threads only between those points; see the module docs and
-// `Slot::body`.
+// was reclaimed), and read by other threads only between those points; the one other write,
+// `Slot::take_lines` (bytes written back unchanged), comes from the task's finishing thread
+// while it alone accesses the body (its reference keeps the orchestrating thread out, the
+// closed reader gate every other reader); see the module docs and `Slot::body`.
 unsafe impl Sync for Slot {}
 // SAFETY: as above; `Body` is `Send` (its fields are).
 unsafe impl Send for Slot {}
@@ -151,6 +159,7 @@ impl Default for Slot {
             regs: Mutex::new(Registrations::default()),
             borrows: Mutex::new(None),
             extra: AtomicBool::new(false),
+            readers: ReaderGate::default(),
             first_start: AtomicU64::new(0),
             first_core: AtomicU32::new(0),
             body: UnsafeCell::new(Body::default()),
@@ -225,6 +234,7 @@ impl Slot {
         self.blocks_next.store(0, Ordering::Relaxed);
         self.blocks_done.store(0, Ordering::Relaxed);
         self.first_start.store(0, Ordering::Relaxed);
+        self.readers.reset();
         // A load and a store, not a swap: a locked instruction here would wait for the stores
         // above, to a line the core thread that ran this slot's last task still holds.
         if self.extra.load(Ordering::Relaxed) {
@@ -236,6 +246,51 @@ impl Slot {
         self.state.store(State::Waiting as u32, Ordering::Relaxed);
         // Publishes the fields above to whoever reads the id with Acquire.
         self.id.store(id, Ordering::Release);
+    }
+
+    /// Takes the cache lines of the body and of the argument vector into this thread's cache
+    /// for writing, by writing each line's first byte back unchanged.
+    ///
+    /// The orchestrating thread wrote them when it filled the node, and the core threads
+    /// that ran the task only read them: the lines are then shared by two caches, and the
+    /// orchestrating thread's next stores to them (when it fills the node and reuses the
+    /// vector for a later task) must first invalidate the other copy, one line at a time
+    /// between its locked instructions (about 45 ns a line on this machine, against 7 ns for
+    /// a line that one other cache holds modified). Done by the finishing core thread, which
+    /// has time to spare while the orchestrating thread is the bottleneck. See
+    /// `docs/design/chip-scheduler.md`.
+    ///
+    /// # Safety
+    ///
+    /// The caller alone accesses the body: it runs the task's last block, holds the task's
+    /// reference (so the orchestrating thread does not reclaim the node), and
+    /// `readers.close()` returned true.
+    pub(crate) unsafe fn take_lines(&self) {
+        // The line the body starts in also holds the node's last shared atomics: take it with
+        // an atomic store of a trace field's own value (its writer, the task's first block,
+        // is done).
+        self.first_core
+            .store(self.first_core.load(Ordering::Relaxed), Ordering::Relaxed);
+        let body = self.body.get();
+        // The body's other lines, up to the end of the argument vector's header (the rarely
+        // used vectors after it are only read).
+        let at = std::mem::offset_of!(Slot, body);
+        let start = at.next_multiple_of(64) - at;
+        let end = std::mem::offset_of!(Body, payload) + std::mem::offset_of!(Payload, scalars);
+        let base = body.cast::<u8>();
+        for off in (start..end).step_by(64) {
+            // SAFETY: inside the body, which the caller alone accesses.
+            unsafe { touch(base.add(off)) };
+        }
+        // SAFETY: as above; the vector's buffer belongs to the body.
+        let v = unsafe { &mut (*body).payload.tensors };
+        let bytes = std::mem::size_of_val(v.as_slice());
+        let p = v.as_mut_ptr().cast::<u8>();
+        // Every line the elements cover: one byte every 64, and the last byte.
+        for off in (0..bytes).step_by(64).chain(bytes.checked_sub(1)) {
+            // SAFETY: inside the vector's initialised elements.
+            unsafe { touch(p.add(off)) };
+        }
     }
 
     /// Frees the slot and empties its body in place (dropping the task's tensors and kernel).
@@ -272,6 +327,18 @@ impl Slot {
         // SAFETY: per the contract this is the only reference to the body.
         unsafe { self.body_mut() }.kernel = None;
     }
+}
+
+/// Writes the byte at `p` back unchanged (volatile, so that it is not elided; as
+/// `MaybeUninit`, so that a padding byte may be copied).
+///
+/// # Safety
+///
+/// `p` is valid for reads and writes, and no other thread accesses it meanwhile.
+unsafe fn touch(p: *mut u8) {
+    let p = p.cast::<std::mem::MaybeUninit<u8>>();
+    // SAFETY: per the contract.
+    unsafe { std::ptr::write_volatile(p, std::ptr::read_volatile(p)) };
 }
 
 /// Every slot of one chip, in chunks that never move.
@@ -360,6 +427,8 @@ mod layout {
         ] {
             assert!(hot + 8 <= 4 * 64, "a hot field at {hot}");
         }
+        // `Slot::take_lines` takes the line the body starts in through `first_core`.
+        assert!(body % 64 == 0 || offset_of!(Slot, first_core) / 64 == body / 64);
         for cold in [
             offset_of!(Slot, error),
             offset_of!(Slot, regs),

@@ -43,6 +43,15 @@ impl Sleep {
         }
     }
 
+    /// After staging work that only a searching thread's last look before it parks finds
+    /// (`Spmc::stage`): true when a thread is registered as a sleeper, so the work must be
+    /// published now. The fence pairs with the one in [`Sleep::sleep`]: either this load sees
+    /// the sleeper, or the sleeper's last look sees the staged work.
+    pub fn any_sleeper(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.sleepers.load(Ordering::SeqCst) > 0
+    }
+
     /// Wakes every sleeper (shutdown, the end of a run).
     pub fn notify_all(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);

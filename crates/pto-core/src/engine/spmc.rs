@@ -11,8 +11,15 @@
 //! reports a full ring to the caller, which queues the task elsewhere.
 //!
 //! Compared with a multi-producer queue, a push is two plain stores instead of two locked
-//! instructions on lines the consumers keep writing. Modelled with loom in `tests/loom.rs`.
-//! See `docs/design/chip-scheduler.md`.
+//! instructions on lines the consumers keep writing.
+//!
+//! The producer may also *stage* entries: write them and count them in `staged`, a word on its
+//! own line that consumers read only before they park, and make them visible later, several at
+//! once, by raising `tail` to `staged` ([`Spmc::publish`]): the lines consumers read (`tail`,
+//! the entries) then move to them once per batch instead of once per entry. Any thread may
+//! publish what is staged ([`Spmc::publish_staged`], a maximum on `tail`), so a thread about
+//! to park never leaves staged work behind. Modelled with loom in `tests/loom.rs`. See
+//! `docs/design/chip-scheduler.md`.
 
 use crossbeam_utils::CachePadded;
 
@@ -23,8 +30,13 @@ use super::sync::{AtomicU32, AtomicU64, Ordering};
 pub struct Spmc {
     /// The next entry to claim (consumers).
     head: CachePadded<AtomicU64>,
-    /// The next entry to write (producer), and the producer's copy of `head`.
-    tail: CachePadded<(AtomicU64, AtomicU64)>,
+    /// Entries below it are visible to consumers. Raised by the producer when it publishes,
+    /// or by a consumer about to park ([`Spmc::publish_staged`]); never past `staged`.
+    tail: CachePadded<AtomicU64>,
+    /// The producer's line: the next entry to write (`staged`), and its copy of `head`.
+    /// Consumers read `staged` only before they park, so while the producer stages entries
+    /// the line stays with it.
+    prod: CachePadded<(AtomicU64, AtomicU64)>,
     entries: Box<[AtomicU32]>,
     mask: u64,
 }
@@ -35,17 +47,26 @@ impl Spmc {
         let cap = capacity.max(2).next_power_of_two();
         Spmc {
             head: CachePadded::new(AtomicU64::new(0)),
-            tail: CachePadded::new((AtomicU64::new(0), AtomicU64::new(0))),
+            tail: CachePadded::new(AtomicU64::new(0)),
+            prod: CachePadded::new((AtomicU64::new(0), AtomicU64::new(0))),
             entries: (0..cap).map(|_| AtomicU32::new(0)).collect(),
             mask: cap as u64 - 1,
         }
     }
 
-    /// Queues `v`; gives it back when the ring is full. Only one thread may push (the
-    /// orchestrating thread); any thread may pop.
+    /// Queues `v` and publishes it with every entry staged before; gives it back when the ring
+    /// is full. Only one thread may push or stage (the producer); any thread may pop.
     pub fn push(&self, v: u32) -> Result<(), u32> {
-        let (tail, seen_head) = &*self.tail;
-        let t = tail.load(Ordering::Relaxed);
+        self.stage(v)?;
+        self.publish();
+        Ok(())
+    }
+
+    /// Writes `v` into the ring without making it visible to consumers yet (see
+    /// [`Spmc::publish`]); gives it back when the ring is full. Producer only.
+    pub fn stage(&self, v: u32) -> Result<(), u32> {
+        let (staged, seen_head) = &*self.prod;
+        let t = staged.load(Ordering::Relaxed);
         if t - seen_head.load(Ordering::Relaxed) > self.mask {
             // Looks full: look at where the consumers are now.
             let h = self.head.load(Ordering::Acquire);
@@ -57,15 +78,41 @@ impl Spmc {
         // The entry at `t` was claimed (its consumer moved `head` past it, with the Acquire
         // load above or an earlier one ordering that before this store).
         self.entries[(t & self.mask) as usize].store(v, Ordering::Relaxed);
-        tail.store(t + 1, Ordering::Release);
+        // Release: a consumer that reads this count (to publish it) sees the entry.
+        staged.store(t + 1, Ordering::Release);
         Ok(())
+    }
+
+    /// Makes every staged entry visible; true when some were not yet. Producer only. (A
+    /// plain store: a consumer raising `tail` concurrently read a `staged` no larger than
+    /// the one stored here, and raises it with a maximum, so `tail` never moves back.)
+    pub fn publish(&self) -> bool {
+        let s = self.prod.0.load(Ordering::Relaxed);
+        if self.tail.load(Ordering::Relaxed) >= s {
+            return false;
+        }
+        self.tail.store(s, Ordering::Release);
+        true
+    }
+
+    /// True when entries are staged but not visible (a snapshot).
+    pub fn has_staged(&self) -> bool {
+        self.prod.0.load(Ordering::Acquire) > self.tail.load(Ordering::Acquire)
+    }
+
+    /// Makes the staged entries visible, from any thread (a consumer about to park, so that
+    /// entries the producer left staged while it does something else are not stranded); true
+    /// when it published some.
+    pub fn publish_staged(&self) -> bool {
+        let s = self.prod.0.load(Ordering::Acquire);
+        self.tail.fetch_max(s, Ordering::AcqRel) < s
     }
 
     /// Claims the oldest entry, if any.
     pub fn pop(&self) -> Option<u32> {
         loop {
             let h = self.head.load(Ordering::Acquire);
-            let t = self.tail.0.load(Ordering::Acquire);
+            let t = self.tail.load(Ordering::Acquire);
             if h >= t {
                 return None;
             }
@@ -82,7 +129,7 @@ impl Spmc {
 
     /// True when no entry is waiting (a snapshot).
     pub fn is_empty(&self) -> bool {
-        self.head.load(Ordering::Acquire) >= self.tail.0.load(Ordering::Acquire)
+        self.head.load(Ordering::Acquire) >= self.tail.load(Ordering::Acquire)
     }
 }
 

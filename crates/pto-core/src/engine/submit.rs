@@ -127,6 +127,10 @@ fn release(e: &Engine, slot: u32, dummy: bool) {
     }
 }
 
+/// How many submits the orchestrating thread stages its ready tasks for before it publishes
+/// them: each publish moves the queue's lines to the core threads once for the batch.
+const PUBLISH_EVERY: u32 = 16;
+
 /// The orchestrating thread's state for one run.
 pub(crate) struct Orchestrator {
     pub(crate) engine: Arc<Engine>,
@@ -149,6 +153,8 @@ pub(crate) struct Orchestrator {
     owned: Vec<Buffer>,
     rings_cfg: RingConfig,
     nonce: u64,
+    /// Submits since the orchestrating thread last published its ready queues.
+    since_publish: u32,
     pub(crate) stats: RunStats,
 }
 
@@ -186,6 +192,7 @@ impl Orchestrator {
             owned: Vec::new(),
             rings_cfg: rings,
             nonce,
+            since_publish: 0,
             stats: RunStats::default(),
         }
     }
@@ -631,6 +638,12 @@ impl Orchestrator {
         } else if s.fanin.fetch_sub(unwired, Ordering::AcqRel) == unwired {
             release(engine, slot, dummy);
         }
+        // Ready tasks are published to the core threads in batches (see `push_from_orch`).
+        self.since_publish += 1;
+        if self.since_publish >= PUBLISH_EVERY {
+            self.since_publish = 0;
+            engine.publish_orch();
+        }
         // The node the next task will take: fetch it while the caller builds that task.
         if self.next_slot.is_none() {
             self.next_slot = self.free.pop();
@@ -730,12 +743,32 @@ impl Orchestrator {
     /// The producers task `id` was wired to (live ones, by id).
     pub(crate) fn deps_of(&self, id: u64) -> Vec<u64> {
         let r = self.find_live(id).expect("a live task");
-        // SAFETY: the task is live and only this thread reclaims.
-        let body = unsafe { self.engine.slab.get(r.slot).body() };
-        self.engine
+        let s = self.engine.slab.get(r.slot);
+        // Read the body under a reader's pin, or once the thread finishing the task (which
+        // may write its lines: `Slot::take_lines`) has let go of it.
+        let pinned = s.readers.pin();
+        if !pinned {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while s.refs.load(Ordering::Acquire) != 0 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "a finishing task kept its node"
+                );
+                std::thread::yield_now();
+            }
+        }
+        // SAFETY: the task is live and only this thread reclaims; no other thread writes the
+        // body (pinned, or its finishing thread is done with it).
+        let body = unsafe { s.body() };
+        let ids = self
+            .engine
             .producer_ids(body)
             .into_iter()
             .map(|t| t.get())
-            .collect()
+            .collect();
+        if pinned {
+            s.readers.unpin();
+        }
+        ids
     }
 }

@@ -52,6 +52,8 @@ fn submit(o: &mut Orchestrator, args: TaskArgs) -> u64 {
 
 /// Takes every ready block without running it yet.
 fn take_all(e: &Engine) -> Vec<Job> {
+    // What the orchestrating thread does before it waits: publish what it staged.
+    e.publish_orch();
     let mut rot = 0;
     let mut v = Vec::new();
     while let Some(j) = e.find_work(&mut rot, &mut None) {
@@ -91,6 +93,8 @@ fn live(o: &Orchestrator) -> usize {
 /// Runs on this thread (as core thread 0) every block that is ready, and the consumers they make
 /// ready, keeping a core across blocks as a core thread does.
 fn run_ready(e: &Engine, rot: &mut usize, streak: &mut u32) {
+    // What the orchestrating thread does before it waits: publish what it staged.
+    e.publish_orch();
     let mut held = None;
     let mut next = e.find_work(rot, &mut held);
     while let Some(j) = next {
