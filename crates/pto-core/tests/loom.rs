@@ -287,9 +287,9 @@ fn an_orchestrator_queue_entry_is_taken_exactly_once() {
 }
 
 /// A scan pins a running task's body and reads it while the task's finishing thread closes
-/// the gate and, when no reader is inside, writes the body (its lines taken back unchanged).
-/// loom's cell reports a write concurrent with a read; a reader that finds the gate closed
-/// must not read.
+/// the gate, writes the body when no reader is inside (its lines taken back unchanged), and
+/// opens the gate again. loom's cell reports a write concurrent with a read; a reader that
+/// finds the gate closed must not read, and the readers' counts survive the reopening.
 #[test]
 fn a_finishing_thread_writes_the_body_only_with_no_reader_inside() {
     check("reader gate, 2 readers", Some(3), || {
@@ -312,10 +312,14 @@ fn a_finishing_thread_writes_the_body_only_with_no_reader_inside() {
             // SAFETY (model): no reader inside, and none can enter.
             body.with_mut(|p| unsafe { *p = 7 });
         }
+        gate.reopen();
         for r in readers {
             r.join().unwrap();
         }
-        assert!(!gate.pin());
+        // Open again, with no reader counted.
+        assert!(gate.pin());
+        gate.unpin();
+        assert!(gate.close());
     });
 }
 

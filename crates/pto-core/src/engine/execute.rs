@@ -521,10 +521,13 @@ impl Engine {
             // Close the body to the borrow scan; with no reader in it, take the lines the
             // orchestrating thread will write next (see `Slot::take_lines`). Not on the
             // orchestrating thread (a dummy or poisoned task): its lines are there already.
-            if tid.is_some() && s.readers.close() {
-                // SAFETY: this thread finishes the task and still holds its reference, and
-                // no reader holds the body.
-                unsafe { s.take_lines() };
+            if tid.is_some() {
+                if s.readers.close() {
+                    // SAFETY: this thread finishes the task and still holds its reference,
+                    // and no reader holds the body.
+                    unsafe { s.take_lines() };
+                }
+                s.readers.reopen();
             }
             // The body may be reclaimed from here on: nothing below reads it.
             s.refs.fetch_sub(1, Ordering::AcqRel);

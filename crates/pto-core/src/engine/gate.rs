@@ -6,9 +6,11 @@
 //! the body's lines back unchanged, so that they sit modified in its cache rather than shared
 //! (see `Slot::take_lines`); it may only do so while no scan reads them. One word settles it:
 //! a reader pins by raising a count unless the word is closed; the finishing thread closes it
-//! with one `fetch_or`, which also tells it whether a reader is inside. A reader that finds it
-//! closed skips the task, which is finishing and holds no bytes any more. Modelled with loom in
-//! `tests/loom.rs`. See `docs/design/chip-scheduler.md`.
+//! with one `fetch_or`, which also tells it whether a reader is inside, and opens it again
+//! when it is done with the body. A reader that finds it closed skips the task, which is
+//! finishing and holds no bytes any more (or, if it must read, tries again: the window is a
+//! few stores long). Modelled with loom in `tests/loom.rs`. See
+//! `docs/design/chip-scheduler.md`.
 
 use super::sync::{AtomicU32, Ordering};
 
@@ -23,6 +25,12 @@ impl ReaderGate {
     /// thread reaches the node).
     pub fn reset(&self) {
         self.0.store(0, Ordering::Relaxed);
+    }
+
+    /// Opens the gate the caller closed (the finishing thread, done with the body); readers
+    /// inside, if any, stay counted.
+    pub fn reopen(&self) {
+        self.0.fetch_and(!CLOSED, Ordering::Release);
     }
 
     /// Pins the body for reading; false once the finishing thread closed it. Pair with

@@ -744,21 +744,18 @@ impl Orchestrator {
     pub(crate) fn deps_of(&self, id: u64) -> Vec<u64> {
         let r = self.find_live(id).expect("a live task");
         let s = self.engine.slab.get(r.slot);
-        // Read the body under a reader's pin, or once the thread finishing the task (which
-        // may write its lines: `Slot::take_lines`) has let go of it.
-        let pinned = s.readers.pin();
-        if !pinned {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            while s.refs.load(Ordering::Acquire) != 0 {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "a finishing task kept its node"
-                );
-                std::thread::yield_now();
-            }
+        // Read the body under a reader's pin (the thread finishing the task may be writing
+        // its lines for a moment: `Slot::take_lines`).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !s.readers.pin() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a finishing task kept its body"
+            );
+            std::thread::yield_now();
         }
-        // SAFETY: the task is live and only this thread reclaims; no other thread writes the
-        // body (pinned, or its finishing thread is done with it).
+        // SAFETY: the task is live and only this thread reclaims; the pin keeps the finishing
+        // thread from writing the body.
         let body = unsafe { s.body() };
         let ids = self
             .engine
@@ -766,9 +763,7 @@ impl Orchestrator {
             .into_iter()
             .map(|t| t.get())
             .collect();
-        if pinned {
-            s.readers.unpin();
-        }
+        s.readers.unpin();
         ids
     }
 }
