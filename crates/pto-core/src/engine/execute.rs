@@ -288,7 +288,10 @@ impl Engine {
             None => self.execute(job, id, body),
         };
         ts.current.store(0, Ordering::Release);
-        ts.blocks.fetch_add(1, Ordering::Relaxed);
+        // This thread is the slot's only writer during a run: no locked instruction (it would
+        // wait for this block's pending stores).
+        ts.blocks
+            .store(ts.blocks.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         if let Some((start, end, marks)) = times {
             self.trace_block(job, id, body, (start, end), marks);
         }
@@ -304,7 +307,8 @@ impl Engine {
             }
             s.extra.store(true, Ordering::Release);
         }
-        if s.blocks_done.fetch_add(1, Ordering::AcqRel) + 1 < n {
+        // A task of one block needs no count: its block is the last.
+        if n > 1 && s.blocks_done.fetch_add(1, Ordering::AcqRel) + 1 < n {
             return None;
         }
         // The last block: finish the task (or let it wait for its conditions).
