@@ -167,6 +167,13 @@ impl Borrows {
 // Aligned to a cache line: the orchestrating thread counts references to a buffer (in the
 // `Arc`'s header) for every task while core threads read these fields.
 #[repr(align(64))]
+// Aligned to a cache line: behind `Arc`'s reference counts, which the orchestrating thread
+// updates for every task that names the buffer (a clone into the arguments, a drop at
+// retirement), these fields, which core threads read for every task (the memory, the
+// untracked-borrow count), start on a line of their own; on one line, the core threads' reads
+// made each count update wait for the other copy to be invalidated (diamond 434 -> 381 ns
+// per task with one core thread, 438 -> 395 with two; docs/BENCHMARKS.md).
+#[repr(align(64))]
 pub(crate) struct BufferInner {
     id: u64,
     len: usize,
