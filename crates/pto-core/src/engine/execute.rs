@@ -100,7 +100,7 @@ impl Engine {
     }
 
     /// Queues a ready task on the orchestrating thread's own queue of its shape (on the shared
-    /// one when that is full) and wakes a thread if none is looking.
+    /// one, waking a thread if none is looking, when that is full).
     ///
     /// The entry is staged: the core threads see it when the orchestrating thread publishes
     /// its queues ([`Engine::publish_orch`]: every few submits, and before it waits), or when
