@@ -303,7 +303,7 @@ impl Engine {
     pub(crate) fn publish_staged(&self) -> bool {
         self.orch_queues
             .iter()
-            .fold(false, |a, q| (q.has_staged() && q.publish_staged()) | a)
+            .fold(false, |a, q| q.publish_staged() | a)
     }
 
     /// What the orchestrating thread does before it waits: publishes what it staged and queues

@@ -105,6 +105,10 @@ impl Spmc {
     /// when it published some.
     pub fn publish_staged(&self) -> bool {
         let s = self.prod.0.load(Ordering::Acquire);
+        // Nothing staged (the common case): no locked instruction.
+        if self.tail.load(Ordering::Acquire) >= s {
+            return false;
+        }
         self.tail.fetch_max(s, Ordering::AcqRel) < s
     }
 
