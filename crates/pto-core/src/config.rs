@@ -97,6 +97,12 @@ pub const VARS: &[Var] = &[
         },
     },
     Var {
+        name: "PTO_ORCH_CPU",
+        doc: "keep a CPU for the orchestrating thread: a chip's last core thread stays parked while it submits (default: on when the core threads fill every CPU)",
+        default: "auto",
+        kind: Kind::Word(&["on", "off"]),
+    },
+    Var {
         name: "PTO_MPI_WINDOWS",
         doc: "MPI backend windows: shared (MPI_Win_allocate_shared, one node) or rma (MPI-3 RMA)",
         default: "auto",
@@ -235,6 +241,8 @@ pub struct Settings {
     pub threads: Option<usize>,
     /// `PTO_SPIN_US`.
     pub spin: Duration,
+    /// `PTO_ORCH_CPU`, when set.
+    pub orch_cpu: Option<bool>,
 }
 
 impl Settings {
@@ -251,6 +259,7 @@ impl Settings {
             ring_heap_bytes: int("PTO_RING_HEAP_BYTES")?.map_or(64 << 20, |v| v as usize),
             threads: int("PTO_THREADS")?.map(|v| v as usize),
             spin: Duration::from_micros(int("PTO_SPIN_US")?.unwrap_or(20)),
+            orch_cpu: text("PTO_ORCH_CPU")?.map(|v| v == "on"),
         })
     }
 }

@@ -1206,3 +1206,99 @@ fn tasks_ready_at_submit_beyond_the_orchestrators_queue_all_run_once() {
     chip.run(&p).unwrap();
     assert!(cells.read::<i64>().unwrap().iter().all(|&v| v == 1));
 }
+
+/// The reserved core thread (`ChipBuilder::orchestrator_cpu`) parks while the orchestrating
+/// thread is busy. When that thread blocks outside the engine and the other core thread is stuck
+/// in a kernel that waits for a queued task, the reserved thread must still run that task.
+#[test]
+fn a_reserved_thread_runs_queued_work_when_the_orchestrator_blocks_elsewhere() {
+    static GO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let mut k = KernelRegistry::new();
+    k.register("wait_go", CoreKind::Aiv, |ctx| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !GO.load(Ordering::Acquire) {
+            if std::time::Instant::now() > deadline {
+                return Err(KernelError::msg("`go` never ran"));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        ctx.output::<i64>(0)?.fill(1);
+        Ok(())
+    })
+    .unwrap();
+    k.register("go", CoreKind::Aiv, |_| {
+        GO.store(true, Ordering::Release);
+        Ok(())
+    })
+    .unwrap();
+    let chip = Chip::builder()
+        .aic_cores(0)
+        .aiv_cores(2)
+        .threads(2)
+        .orchestrator_cpu(true)
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    assert!(chip.config().orchestrator_cpu);
+    let out = Tensor::zeros(&[2], DType::I64).unwrap();
+    let o2 = out.clone();
+    let p = Program::new("reserve", k, move |o| {
+        o.submit("wait_go", TaskArgs::new().output_existing(&o2))?;
+        o.submit("go", TaskArgs::new())?;
+        // A host-side wait the engine cannot see: the orchestrating thread stays busy.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !GO.load(Ordering::Acquire) {
+            if std::time::Instant::now() > deadline {
+                return Err(OrchError::Other(
+                    "`go` never ran while the orchestrating thread was busy".into(),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    });
+    let report = chip.run(&p).unwrap();
+    assert_eq!(report.stats.tasks, 2);
+    assert_eq!(out.read::<i64>().unwrap(), vec![1, 1]);
+}
+
+/// When a chip keeps a CPU for its orchestrating thread, and that the choice can be forced.
+#[test]
+fn the_orchestrator_cpu_is_kept_only_where_it_can_be() {
+    let kept = |b: pto_core::ChipBuilder| b.build().unwrap().config().orchestrator_cpu;
+    assert!(kept(Chip::builder().threads(2).orchestrator_cpu(true)));
+    // One core thread: parking it would leave no thread to run tasks while the program runs.
+    assert!(!kept(Chip::builder().threads(1).orchestrator_cpu(true)));
+    // An orchestrating thread that runs tasks itself needs no reserve.
+    assert!(!kept(
+        Chip::builder()
+            .threads(2)
+            .orchestrator_cpu(true)
+            .orchestrator_runs_tasks(true)
+    ));
+    assert!(!kept(Chip::builder().threads(8).orchestrator_cpu(false)));
+    // With it forced on and off, a program computes the same.
+    for on in [false, true] {
+        let chip = Chip::builder()
+            .aic_cores(1)
+            .aiv_cores(2)
+            .threads(2)
+            .orchestrator_cpu(on)
+            .build()
+            .unwrap();
+        let cells = Tensor::zeros(&[300], DType::I64).unwrap();
+        let cs = cells.clone();
+        let p = program(move |o| {
+            for j in 0..300 {
+                let c = cs.view(&[1], &[j])?;
+                for _ in 0..=(j % 3) {
+                    o.submit("add_scalar", TaskArgs::new().inout(&c).scalar(j as i64))?;
+                }
+            }
+            Ok(())
+        });
+        chip.run(&p).unwrap();
+        let want: Vec<i64> = (0..300).map(|j| j * (j % 3 + 1)).collect();
+        assert_eq!(cells.read::<i64>().unwrap(), want, "orchestrator_cpu({on})");
+    }
+}

@@ -1,5 +1,5 @@
 //! Loom models of the engine's lock-free protocols, run on the crate's real `SuccList`,
-//! `Sleep`, `Held`, `OrchWait`, `Spmc` and `ReaderGate` (under `cfg(loom)` their atomics, mutex and futex
+//! `Sleep`, `Held`, `OrchWait`, `Spmc`, `ReaderGate` and `Reserve` (under `cfg(loom)` their atomics, mutex and futex
 //! come from loom through `pto_shm::sync`; the futex model's `park` has no timeout, so a lost
 //! wake-up is a deadlock the model reports). Run with `scripts/loom.sh`.
 
@@ -15,6 +15,7 @@ use loom::thread;
 use pto_core::engine::gate::ReaderGate;
 use pto_core::engine::held::Held;
 use pto_core::engine::orchwait::OrchWait;
+use pto_core::engine::reserve::Reserve;
 use pto_core::engine::sleep::Sleep;
 use pto_core::engine::spmc::Spmc;
 use pto_core::engine::succ::SuccList;
@@ -367,4 +368,27 @@ fn staged_model(items: u32) {
 #[test]
 fn a_staged_task_is_never_stranded() {
     check("staged, 2 tasks", Some(3), || staged_model(2));
+}
+
+/// The orchestrating thread releases the reserve, holds it again and releases it once more
+/// while the reserved thread parks until it sees each release (the model's futex has no
+/// timeout, so a release the parked thread misses is a deadlock).
+#[test]
+fn a_released_reserve_is_never_missed() {
+    check("reserve", Some(3), || {
+        let r = Arc::new(Reserve::default());
+        r.hold();
+        let t = {
+            let r = r.clone();
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    while !r.park(Duration::from_secs(3600)) {}
+                }
+            })
+        };
+        r.release(|| true);
+        r.hold();
+        r.release(|| true);
+        t.join().unwrap();
+    });
 }

@@ -275,10 +275,14 @@ fn bring_up(
         w.barrier()?;
     }
     drop(window);
+    // No CPU kept for the orchestrating thread (docs/design/chip-scheduler.md): here it is
+    // the mailbox loop, which submits a few tasks per frame and then sleeps on the mailbox,
+    // so it needs none (`worker_chip_tasks` measured the same either way, within its noise).
     let mut b = Chip::builder()
         .chip_id(index as u32)
         .aic_cores(spec.cores.0)
-        .aiv_cores(spec.cores.1);
+        .aiv_cores(spec.cores.1)
+        .orchestrator_cpu(false);
     if let Some(c) = &ctx {
         b = b.extension(Arc::new(c.clone()));
     }

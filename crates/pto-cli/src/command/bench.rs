@@ -282,6 +282,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         if a.json {
             let mut v = json!({
                 "bench": "dag", "pattern": name, "tasks": a.tasks, "threads": threads,
+                "orchestrator_cpu": chip.config().orchestrator_cpu,
                 "ns_per_task": (ns * 10.0).round() / 10.0,
                 "context_switches_per_task": (switches * 10_000.0).round() / 10_000.0,
             });

@@ -100,6 +100,9 @@ pub struct ChipConfig {
     /// The orchestrating thread runs ready tasks itself while it waits for the run to end
     /// (see [`ChipBuilder::orchestrator_runs_tasks`]).
     pub orchestrator_runs_tasks: bool,
+    /// One core thread stays parked while the orchestrating thread submits, so that the
+    /// orchestrating thread keeps a CPU (see [`ChipBuilder::orchestrator_cpu`]).
+    pub orchestrator_cpu: bool,
 }
 
 /// Builds a [`Chip`]. Unset values come from the `PTO_*` variables, then defaults.
@@ -122,6 +125,7 @@ pub struct ChipBuilder {
     stall: Option<Duration>,
     spin: Option<Duration>,
     orch_runs: bool,
+    orch_cpu: Option<bool>,
     ext: Option<Arc<dyn Any + Send + Sync>>,
     queue: Option<Arc<dyn QueueHost>>,
     alloc: Option<Arc<crate::buffer::BufferAllocator>>,
@@ -198,6 +202,18 @@ impl ChipBuilder {
         self.orch_runs = on;
         self
     }
+    /// Keeps a CPU for the orchestrating thread: the chip's last core thread runs tasks only
+    /// while the orchestrating thread waits (for ring space, a tensor's producers or the end of
+    /// the run) and stays parked while it submits, as an OpenMP team's master runs tasks only
+    /// at a `taskwait`. Default (`PTO_ORCH_CPU`, else auto): on when the core threads alone
+    /// fill every CPU (at least two threads, and as many as CPUs) and the orchestrating thread
+    /// does not run tasks itself. A parked reserved thread still runs queued work when nothing
+    /// has moved for a millisecond (an orchestrating thread blocked outside the engine, core
+    /// threads stuck in kernels that wait for a queued task), so it never causes a hang.
+    pub fn orchestrator_cpu(mut self, on: bool) -> Self {
+        self.orch_cpu = Some(on);
+        self
+    }
     /// An object every kernel can reach through [`crate::KernelCtx::ext`] (for example a
     /// communication context).
     pub fn extension(mut self, ext: Arc<dyn Any + Send + Sync>) -> Self {
@@ -259,6 +275,9 @@ impl ChipBuilder {
                 "ring task window {window} is below the minimum of 4"
             )));
         }
+        let orchestrator_cpu = !self.orch_runs
+            && threads >= 2
+            && self.orch_cpu.or(env.orch_cpu).unwrap_or(threads >= cpus);
         let cfg = ChipConfig {
             chip_id: self.chip_id,
             aic_cores: aic,
@@ -270,6 +289,7 @@ impl ChipBuilder {
             stall_timeout: self.stall.unwrap_or(env.stall_timeout),
             spin: self.spin.unwrap_or(env.spin),
             orchestrator_runs_tasks: self.orch_runs,
+            orchestrator_cpu,
         };
         let sender = CompletionSender::new(
             self.queue
@@ -286,6 +306,7 @@ impl ChipBuilder {
             sender,
             ext: self.ext,
             hold: cfg.orchestrator_runs_tasks,
+            reserve: cfg.orchestrator_cpu,
         }));
         let running: Arc<dyn RunningTasks> = engine.clone();
         crate::buffer::register_running(Arc::downgrade(&running));
@@ -447,6 +468,7 @@ impl Chip {
             ),
             &self.cfg,
         );
+        self.engine.orch_busy();
         let orch_result = match catch_unwind(AssertUnwindSafe(|| (program.orch)(&mut orch))) {
             Ok(r) => r,
             Err(p) => Err(OrchError::Other(format!(
@@ -454,6 +476,8 @@ impl Chip {
                 panic_message(&*p)
             ))),
         };
+        // The program returned: the reserved core thread helps with what is left.
+        self.engine.orch_idle();
         let mut o = orch.into_orchestrator();
         while o.depth() > 0 {
             o.end_scope();
@@ -562,6 +586,7 @@ impl Drop for Chip {
     fn drop(&mut self) {
         self.engine.shutdown.store(true, Ordering::SeqCst);
         self.engine.sleep.notify_all();
+        self.engine.orch_idle();
         if self.broken.lock().is_some() {
             // A thread is stuck in a kernel that never returned: do not wait for it. It exits
             // on its own if the kernel ever returns.

@@ -91,6 +91,7 @@ impl<'a> Orch<'a> {
     /// Waits (spinning briefly, then parked) until `finished` reaches `at`, or `cap` passes.
     fn wait_finished(&self, at: u64, cap: Duration, since: Instant) {
         self.engine.flush_orch();
+        self.engine.orch_idle();
         if since.elapsed() < self.spin {
             for _ in 0..64 {
                 std::hint::spin_loop();
@@ -110,20 +111,17 @@ impl<'a> Orch<'a> {
         // The clock is read only once the ring is full (a clock read per task costs more than
         // the rest of a submit's bookkeeping on some virtual machines).
         let mut started: Option<(Instant, Instant)> = None;
-        loop {
+        let placed = loop {
             match self.state.place(&plan) {
-                Ok(at) => {
-                    let (task, outputs) = self.state.commit(plan, args, at)?;
-                    return Ok(Submitted { task, outputs });
-                }
-                Err(Blocked::Never(e)) => return Err(e),
+                Ok(at) => break Ok(at),
+                Err(Blocked::Never(e)) => break Err(e),
                 Err(Blocked::Wait(what)) => {
                     let (start, deadline) = *started.get_or_insert_with(|| {
                         let now = Instant::now();
                         (now, now + self.wait)
                     });
                     let Some(left) = remaining(deadline) else {
-                        return Err(OrchError::FlowControlTimeout {
+                        break Err(OrchError::FlowControlTimeout {
                             ring: plan.ring(),
                             waited: self.wait,
                             what,
@@ -142,7 +140,13 @@ impl<'a> Orch<'a> {
                     );
                 }
             }
+        };
+        if started.is_some() {
+            // The wait released the reserved core thread: busy again.
+            self.engine.orch_busy();
         }
+        let (task, outputs) = self.state.commit(plan, args, placed?)?;
+        Ok(Submitted { task, outputs })
     }
 
     /// Submits a task running `kernel` (a name or a [`crate::KernelId`]).
@@ -216,6 +220,22 @@ impl<'a> Orch<'a> {
     /// finished.
     fn wait_producers(&mut self, t: &Tensor, write: bool) -> Result<(), OrchError> {
         self.engine.flush_orch();
+        let mut released = false;
+        let r = self.wait_producers_of(t, write, &mut released);
+        if released {
+            self.engine.orch_busy();
+        }
+        r
+    }
+
+    /// [`Orch::wait_producers`]'s loop; releases the reserved core thread (setting `released`)
+    /// once it has to wait.
+    fn wait_producers_of(
+        &mut self,
+        t: &Tensor,
+        write: bool,
+        released: &mut bool,
+    ) -> Result<(), OrchError> {
         let deadline = Instant::now() + self.wait;
         let start = Instant::now();
         loop {
@@ -231,6 +251,10 @@ impl<'a> Orch<'a> {
                     pending,
                 });
             };
+            if !*released {
+                self.engine.orch_idle();
+                *released = true;
+            }
             // While deferred tasks wait, their conditions come from elsewhere, after a while:
             // park at once rather than spin beside the thread that polls them.
             if start.elapsed() < self.spin && !self.engine.has_waiting.load(Ordering::Acquire) {

@@ -17,6 +17,9 @@ pub(crate) const DEFERRED_NAP_MAX: Duration = Duration::from_millis(1);
 const DEFERRED_PARK: Duration = Duration::from_millis(2);
 /// Longest park otherwise; only bounds a lost wake-up, which the protocol rules out.
 const IDLE_PARK: Duration = Duration::from_millis(250);
+/// Longest park of the reserved thread while the orchestrating thread is busy; after it, the
+/// thread runs queued work if nothing moved meanwhile (see `keep_out`).
+const RESERVE_PARK: Duration = Duration::from_millis(1);
 
 pub(crate) fn main(e: &Engine, tid: usize) {
     let mut rotate = tid;
@@ -24,7 +27,21 @@ pub(crate) fn main(e: &Engine, tid: usize) {
     let mut next: Option<Job> = None;
     // The core this thread kept from its last block (see `Engine::find_work`).
     let mut held = None;
+    // The chip's reserved thread (see `crate::engine::reserve`), and whether it was drafted
+    // to work while the orchestrating thread is busy (until it next runs out of work).
+    let reserved = e.reserved == Some(tid);
+    let mut drafted = false;
     loop {
+        if reserved && !drafted && next.is_none() && e.reserve.is_held() {
+            if let Some(c) = held.take() {
+                e.cores.release(c);
+            }
+            drafted = keep_out(e);
+            if e.shutdown.load(Ordering::Acquire) {
+                return;
+            }
+            continue;
+        }
         if let Some(job) = next.take().or_else(|| e.find_work(&mut rotate, &mut held)) {
             next = e.run_block(tid, job, &mut streak);
             if next.is_none() {
@@ -32,12 +49,32 @@ pub(crate) fn main(e: &Engine, tid: usize) {
             }
             continue;
         }
+        drafted = false;
         if e.shutdown.load(Ordering::Acquire) {
             return;
         }
         // Out of work: the orchestrating thread may want to refill the queues now.
         e.idle_poke();
-        next = search(e, tid, &mut rotate);
+        next = search(e, tid, &mut rotate, reserved);
+    }
+}
+
+/// The reserved thread while the orchestrating thread is busy: parks until it is released
+/// (false), or until a whole park passed with work queued and nothing moving (true: it is
+/// drafted, and works until it runs out). Returns at shutdown.
+fn keep_out(e: &Engine) -> bool {
+    loop {
+        let seen = (e.finished_total(), e.submitted.load(Ordering::Acquire));
+        if e.reserve.park(RESERVE_PARK) || e.shutdown.load(Ordering::Acquire) {
+            return false;
+        }
+        // No task finished (the other threads are stuck in kernels, perhaps waiting for a
+        // queued task) or none was submitted (the orchestrating thread is blocked outside the
+        // engine) while work waits: run it.
+        let now = (e.finished_total(), e.submitted.load(Ordering::Acquire));
+        if (now.0 == seen.0 || now.1 == seen.1) && e.has_ready_or_staged() {
+            return true;
+        }
     }
 }
 
@@ -128,7 +165,9 @@ fn give_up_polling(e: &Engine, poller: &mut bool) {
 /// poller: it polls their conditions closely for a while (the latency from "condition holds"
 /// to "consumer runs" is what deferred tasks are for), then naps briefly between polls. The
 /// others spin and park as usual, so pollers never crowd out the threads that set conditions.
-fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
+/// The reserved thread (`reserved`) stops searching, returning `None`, once the orchestrating
+/// thread is busy.
+fn search(e: &Engine, tid: usize, rotate: &mut usize, reserved: bool) -> Option<Job> {
     e.sleep.begin_search();
     let mut naps = 0u32;
     let mut none = None;
@@ -160,6 +199,9 @@ fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
             }
             i = i.wrapping_add(1);
             if i.is_multiple_of(64) {
+                if reserved && e.reserve.is_held() {
+                    break 'outer None;
+                }
                 let spin = if poller && waiting {
                     e.spin.max(DEFERRED_POLL)
                 } else {
@@ -199,6 +241,9 @@ fn search(e: &Engine, tid: usize, rotate: &mut usize) -> Option<Job> {
         // A task the orchestrating thread held back for longer than this thread searched (it
         // is busy elsewhere): queue it, so that it runs now.
         e.flush_held();
+        if reserved && e.reserve.is_held() {
+            break 'outer None;
+        }
     };
     give_up_polling(e, &mut poller);
     if e.sleep.end_search() && e.has_ready() {

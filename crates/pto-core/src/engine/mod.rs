@@ -24,6 +24,8 @@ pub mod gate;
 pub mod held;
 #[doc(hidden)]
 pub mod orchwait;
+#[doc(hidden)]
+pub mod reserve;
 pub(crate) mod ring;
 pub(crate) mod slab;
 #[doc(hidden)]
@@ -51,6 +53,7 @@ use crate::trace::Trace;
 use cores::Cores;
 use deferred::DeferredState;
 use orchwait::OrchWait;
+use reserve::Reserve;
 use slab::Slab;
 use sleep::Sleep;
 use spmc::Spmc;
@@ -157,6 +160,10 @@ pub(crate) struct Engine {
     pub(crate) cores: Cores,
     pub(crate) sleep: Sleep,
     pub(crate) orch: OrchWait,
+    /// Keeps a CPU for the orchestrating thread while it submits ([`reserve`]).
+    pub(crate) reserve: Reserve,
+    /// The core thread that yields to the orchestrating thread, if the chip reserves one.
+    pub(crate) reserved: Option<usize>,
     /// One slot per core thread, then one for the orchestrating thread (when it runs tasks).
     pub(crate) threads: Box<[CachePadded<ThreadSlot>]>,
     /// Tasks finished this run by threads other than the core threads (the orchestrating
@@ -214,6 +221,8 @@ pub(crate) struct EngineConfig {
     pub(crate) ext: Option<Arc<dyn Any + Send + Sync>>,
     /// The orchestrating thread keeps the last task it found ready (see [`Engine::held`]).
     pub(crate) hold: bool,
+    /// Reserve the last core thread for when the orchestrating thread waits ([`reserve`]).
+    pub(crate) reserve: bool,
 }
 
 impl Engine {
@@ -229,6 +238,8 @@ impl Engine {
             cores: Cores::new(cfg.aic, cfg.aiv),
             sleep: Sleep::default(),
             orch: OrchWait::default(),
+            reserve: Reserve::default(),
+            reserved: (cfg.reserve && cfg.threads >= 2).then(|| cfg.threads - 1),
             // One slot per core thread, and the last for the orchestrating thread when it runs
             // tasks itself.
             threads: (0..=cfg.threads)
@@ -295,6 +306,31 @@ impl Engine {
     /// the orchestrating thread is busy elsewhere).
     pub(crate) fn has_ready_or_staged(&self) -> bool {
         self.has_ready() || self.publish_staged()
+    }
+
+    /// The orchestrating thread is busy (it runs the program between waits): the reserved core
+    /// thread, if any, keeps out of its way.
+    pub(crate) fn orch_busy(&self) {
+        if self.reserved.is_some() {
+            self.reserve.hold();
+        }
+    }
+
+    /// The orchestrating thread waits (or the run's program returned): the reserved core
+    /// thread, if any, may work. It is woken only when more than one task is queued: one task
+    /// the other threads take themselves (a run of one task, the usual Worker chip task, then
+    /// costs no wake-up), and a reserved thread not woken sees the release within a
+    /// millisecond anyway.
+    pub(crate) fn orch_idle(&self) {
+        if self.reserved.is_some() {
+            self.reserve.release(|| self.ready_len() >= 2);
+        }
+    }
+
+    /// Tasks queued now (a snapshot; held tasks not counted).
+    pub(crate) fn ready_len(&self) -> usize {
+        self.queues.iter().map(Injector::len).sum::<usize>()
+            + self.orch_queues.iter().map(Spmc::len).sum::<usize>()
     }
 
     /// Publishes what the orchestrating thread staged, from any thread; true when there was

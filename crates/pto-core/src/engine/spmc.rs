@@ -131,6 +131,12 @@ impl Spmc {
         }
     }
 
+    /// Entries waiting (a snapshot).
+    pub fn len(&self) -> usize {
+        let h = self.head.load(Ordering::Acquire);
+        self.tail.load(Ordering::Acquire).saturating_sub(h) as usize
+    }
+
     /// True when no entry is waiting (a snapshot).
     pub fn is_empty(&self) -> bool {
         self.head.load(Ordering::Acquire) >= self.tail.load(Ordering::Acquire)

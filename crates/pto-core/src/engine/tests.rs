@@ -21,6 +21,7 @@ fn engine(aic: u32, aiv: u32, window: usize) -> Arc<Engine> {
         sender: crate::deferred::CompletionSender::new(Arc::new(pto_shm::ring::HeapQueue::new(64))),
         ext: None,
         hold: false,
+        reserve: false,
     }))
 }
 
