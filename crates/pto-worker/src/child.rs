@@ -275,14 +275,18 @@ fn bring_up(
         w.barrier()?;
     }
     drop(window);
-    // No CPU kept for the orchestrating thread (docs/design/chip-scheduler.md): here it is
-    // the mailbox loop, which submits a few tasks per frame and then sleeps on the mailbox,
-    // so it needs none (`worker_chip_tasks` measured the same either way, within its noise).
+    // The orchestrating thread, here the mailbox loop, runs the frame's tasks itself while it
+    // waits for them (`ChipBuilder::orchestrator_runs_tasks`): a chip task of one kernel then
+    // costs no hand-off to a core thread and no wake-up (`worker_chip_kernel_roundtrip` went
+    // from 13-24 us to 3.2-4.3 us median, docs/BENCHMARKS.md). A kernel that never returns
+    // stops the loop instead of being reported as a stall, but the parent's deadline for the
+    // reply (`PTO_WAIT_TIMEOUT_MS`) is shorter than the stall timeout and fires first in
+    // either mode. It also keeps no CPU for the loop (`orchestrator_cpu`): it needs none.
     let mut b = Chip::builder()
         .chip_id(index as u32)
         .aic_cores(spec.cores.0)
         .aiv_cores(spec.cores.1)
-        .orchestrator_cpu(false);
+        .orchestrator_runs_tasks(true);
     if let Some(c) = &ctx {
         b = b.extension(Arc::new(c.clone()));
     }

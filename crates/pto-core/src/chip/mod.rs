@@ -197,7 +197,8 @@ impl ChipBuilder {
     /// run of a few tasks then costs no thread hand-off and no wake-up. Default off. Only for
     /// chips whose kernels bound their own waits: a kernel that never returns on the
     /// orchestrating thread hangs the run instead of being reported as a stall. The Worker's
-    /// host chip uses it (its kernels wait for children with deadlines).
+    /// host chip uses it (its kernels wait for children with deadlines), and so do its chip
+    /// children (the parent's deadline for each frame reports a hung kernel first).
     pub fn orchestrator_runs_tasks(mut self, on: bool) -> Self {
         self.orch_runs = on;
         self
