@@ -63,7 +63,7 @@ mod tensor;
 pub mod trace;
 mod view;
 
-pub use args::{ArgMode, OutInit, Scalar, TaskArgs, TaskId};
+pub use args::{ArgMode, ArgTensor, OutInit, Scalar, TaskArgs, TaskId};
 pub use buffer::{AllocError, Buffer, BufferAllocator, ExternalMemory, BUFFER_ALIGN};
 pub use chip::{
     Chip, ChipBuilder, ChipConfig, Orch, OrchFn, Program, RunOptions, RunReport, Submitted,

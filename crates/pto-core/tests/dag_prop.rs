@@ -223,14 +223,14 @@ fn submit_ops(
             Op::Update(v, k) => {
                 o.submit(
                     "update",
-                    TaskArgs::new().inout(&make_view(base, v)).scalar(*k),
+                    TaskArgs::new().inout(make_view(base, v)).scalar(*k),
                 )?;
             }
             Op::Set(v, k) => {
                 o.submit(
                     "set",
                     TaskArgs::new()
-                        .output_existing(&make_view(base, v))
+                        .output_existing(make_view(base, v))
                         .scalar(*k),
                 )?;
             }
@@ -238,14 +238,14 @@ fn submit_ops(
                 let s = o.submit(
                     "sum",
                     TaskArgs::new()
-                        .input(&make_view(base, v))
+                        .input(make_view(base, v))
                         .output(&[1], DType::I64),
                 )?;
                 outs.push((*next, s.out(0)?));
                 *next += 1;
             }
             Op::Dummy(v) => {
-                o.submit_dummy(TaskArgs::new().input(&make_view(base, v)))?;
+                o.submit_dummy(TaskArgs::new().input(make_view(base, v)))?;
             }
             Op::Read(v) => {
                 sums[*next] = o

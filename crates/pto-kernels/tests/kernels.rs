@@ -133,8 +133,8 @@ fn binary_ops_f32() {
     for (name, op) in cases {
         let out = zeros(&[2, 5], DType::F32);
         let args = TaskArgs::new()
-            .input(&tensor(&[2, 5], &a))
-            .input(&tensor(&[2, 5], &b))
+            .input(tensor(&[2, 5], &a))
+            .input(tensor(&[2, 5], &b))
             .output_existing(&out);
         run(name, args).unwrap();
         let want: Vec<f32> = a.iter().zip(&b).map(|(&x, &y)| op(x, y)).collect();
@@ -150,8 +150,8 @@ fn add_in<T: Element>(conv: fn(f64) -> T, add: fn(T, T) -> T) {
     run(
         "vector_add",
         TaskArgs::new()
-            .input(&tensor(&[3, 3], &a))
-            .input(&tensor(&[3, 3], &b))
+            .input(tensor(&[3, 3], &a))
+            .input(tensor(&[3, 3], &b))
             .output_existing(&out),
     )
     .unwrap();
@@ -175,8 +175,8 @@ fn dtype_coverage() {
     run(
         "vector_add",
         TaskArgs::new()
-            .input(&tensor(&[2], &[i32::MAX, -1]))
-            .input(&tensor(&[2], &[1i32, 1]))
+            .input(tensor(&[2], &[i32::MAX, -1]))
+            .input(tensor(&[2], &[1i32, 1]))
             .output_existing(&out),
     )
     .unwrap();
@@ -191,7 +191,7 @@ fn scale_and_add_scalar() {
     run(
         "vector_scale",
         TaskArgs::new()
-            .input(&tensor(&[6], &a))
+            .input(tensor(&[6], &a))
             .output_existing(&out)
             .scalar(0.1f64),
     )
@@ -204,7 +204,7 @@ fn scale_and_add_scalar() {
     run(
         "vector_scale",
         TaskArgs::new()
-            .input(&tensor(&[4], &[-3i32, 1, 4, i32::MAX]))
+            .input(tensor(&[4], &[-3i32, 1, 4, i32::MAX]))
             .output_existing(&out)
             .scalar(2.5f64),
     )
@@ -217,7 +217,7 @@ fn scale_and_add_scalar() {
     run(
         "vector_scale",
         TaskArgs::new()
-            .input(&tensor(&[2], &[big, -7]))
+            .input(tensor(&[2], &[big, -7]))
             .output_existing(&out)
             .scalar(3i64),
     )
@@ -228,7 +228,7 @@ fn scale_and_add_scalar() {
     run(
         "vector_add_scalar",
         TaskArgs::new()
-            .input(&tensor(&[3], &[1.0f64, -2.0, 0.5]))
+            .input(tensor(&[3], &[1.0f64, -2.0, 0.5]))
             .output_existing(&out)
             .scalar(0.25f64),
     )
@@ -239,7 +239,7 @@ fn scale_and_add_scalar() {
     run(
         "vector_add_scalar",
         TaskArgs::new()
-            .input(&tensor(&[3], &[big, 0, -5]))
+            .input(tensor(&[3], &[big, 0, -5]))
             .output_existing(&out)
             .scalar(10i64),
     )
@@ -251,7 +251,7 @@ fn scale_and_add_scalar() {
     run(
         "vector_add_scalar",
         TaskArgs::new()
-            .input(&tensor(&[2], &x))
+            .input(tensor(&[2], &x))
             .output_existing(&out)
             .scalar(1.0f64),
     )
@@ -269,7 +269,7 @@ fn relu_copy_fill() {
     run(
         "relu",
         TaskArgs::new()
-            .input(&tensor(&[6], &x))
+            .input(tensor(&[6], &x))
             .output_existing(&out),
     )
     .unwrap();
@@ -282,7 +282,7 @@ fn relu_copy_fill() {
     run(
         "relu",
         TaskArgs::new()
-            .input(&tensor(&[4], &[-3i64, 3, i64::MIN, 0]))
+            .input(tensor(&[4], &[-3i64, 3, i64::MIN, 0]))
             .output_existing(&out),
     )
     .unwrap();
@@ -293,7 +293,7 @@ fn relu_copy_fill() {
     run(
         "copy",
         TaskArgs::new()
-            .input(&tensor(&[3], &bools))
+            .input(tensor(&[3], &bools))
             .output_existing(&out),
     )
     .unwrap();
@@ -446,7 +446,7 @@ fn reduce_sum_dtypes() {
     run(
         "reduce_sum",
         TaskArgs::new()
-            .input(&tensor(&[10, 10], &x))
+            .input(tensor(&[10, 10], &x))
             .output_existing(&out),
     )
     .unwrap();
@@ -458,7 +458,7 @@ fn reduce_sum_dtypes() {
     run(
         "reduce_sum",
         TaskArgs::new()
-            .input(&tensor(&[50], &xs))
+            .input(tensor(&[50], &xs))
             .output_existing(&out),
     )
     .unwrap();
@@ -468,7 +468,7 @@ fn reduce_sum_dtypes() {
     run(
         "reduce_sum",
         TaskArgs::new()
-            .input(&tensor(&[3], &[200u8, 100, 1]))
+            .input(tensor(&[3], &[200u8, 100, 1]))
             .output_existing(&out),
     )
     .unwrap();
@@ -490,8 +490,8 @@ fn check_matmul<T: Element>(
     let report = run(
         "matmul",
         TaskArgs::new()
-            .input(&tensor(&[m, k], &a))
-            .input(&tensor(&[k, n], &b))
+            .input(tensor(&[m, k], &a))
+            .input(tensor(&[k, n], &b))
             .output_existing(&c)
             .blocks(blocks),
     )
@@ -527,8 +527,8 @@ fn matmul_matches_naive_reference() {
     run(
         "matmul",
         TaskArgs::new()
-            .input(&tensor(&[3, 4], &a))
-            .input(&tensor(&[4, 3], &b))
+            .input(tensor(&[3, 4], &a))
+            .input(tensor(&[4, 3], &b))
             .output_existing(&c),
     )
     .unwrap();
@@ -553,7 +553,7 @@ fn matmul_with_strided_operands() {
     run(
         "matmul",
         TaskArgs::new()
-            .input(&tensor(&[m, k], &a))
+            .input(tensor(&[m, k], &a))
             .input(&b_view)
             .output_existing(&c)
             .blocks(3),
@@ -707,9 +707,9 @@ fn bad_arguments_fail_the_task() {
     let msg = run_err(
         "vector_add",
         TaskArgs::new()
-            .input(&f(&[4]))
-            .input(&f(&[5]))
-            .output_existing(&f(&[4])),
+            .input(f(&[4]))
+            .input(f(&[5]))
+            .output_existing(f(&[4])),
     );
     assert!(
         msg.contains("shape mismatch") && msg.contains("[4]") && msg.contains("[5]"),
@@ -719,9 +719,9 @@ fn bad_arguments_fail_the_task() {
     let msg = run_err(
         "vector_add",
         TaskArgs::new()
-            .input(&f(&[4]))
-            .input(&zeros(&[4], DType::F64))
-            .output_existing(&f(&[4])),
+            .input(f(&[4]))
+            .input(zeros(&[4], DType::F64))
+            .output_existing(f(&[4])),
     );
     assert!(
         msg.contains("dtype mismatch") && msg.contains("f64"),
@@ -734,21 +734,18 @@ fn bad_arguments_fail_the_task() {
         TaskArgs::new()
             .input(&b)
             .input(&b)
-            .output_existing(&zeros(&[2], DType::Bool)),
+            .output_existing(zeros(&[2], DType::Bool)),
     );
     assert!(msg.contains("unsupported dtype bool"), "{msg}");
 
-    let msg = run_err(
-        "vector_add",
-        TaskArgs::new().input(&f(&[4])).input(&f(&[4])),
-    );
+    let msg = run_err("vector_add", TaskArgs::new().input(f(&[4])).input(f(&[4])));
     assert!(msg.contains("tensor argument 2 out of range"), "{msg}");
 
     let msg = run_err(
         "vector_scale",
         TaskArgs::new()
-            .input(&f(&[4]))
-            .output_existing(&f(&[4]))
+            .input(f(&[4]))
+            .output_existing(f(&[4]))
             .scalar(2i32),
     );
     assert!(
@@ -758,13 +755,13 @@ fn bad_arguments_fail_the_task() {
 
     let msg = run_err(
         "vector_scale",
-        TaskArgs::new().input(&f(&[4])).output_existing(&f(&[4])),
+        TaskArgs::new().input(f(&[4])).output_existing(f(&[4])),
     );
     assert!(msg.contains("scalar argument 0 out of range"), "{msg}");
 
     let msg = run_err(
         "fill",
-        TaskArgs::new().output_existing(&f(&[4])).scalar(1.0f64),
+        TaskArgs::new().output_existing(f(&[4])).scalar(1.0f64),
     );
     assert!(
         msg.contains("scalar argument 0 is f64, read as f32"),
@@ -774,22 +771,22 @@ fn bad_arguments_fail_the_task() {
     let msg = run_err(
         "copy",
         TaskArgs::new()
-            .input(&f(&[2, 3]))
-            .output_existing(&f(&[3, 2])),
+            .input(f(&[2, 3]))
+            .output_existing(f(&[3, 2])),
     );
     assert!(msg.contains("[2, 3]") && msg.contains("[3, 2]"), "{msg}");
 
     let msg = run_err(
         "reduce_sum",
-        TaskArgs::new().input(&f(&[6])).output_existing(&f(&[2])),
+        TaskArgs::new().input(f(&[6])).output_existing(f(&[2])),
     );
     assert!(msg.contains("exactly 1 element"), "{msg}");
 
     let msg = run_err(
         "reduce_sum",
         TaskArgs::new()
-            .input(&f(&[6]))
-            .output_existing(&f(&[1]))
+            .input(f(&[6]))
+            .output_existing(f(&[1]))
             .blocks(2),
     );
     assert!(msg.contains("single block"), "{msg}");
@@ -797,9 +794,9 @@ fn bad_arguments_fail_the_task() {
     let msg = run_err(
         "matmul",
         TaskArgs::new()
-            .input(&f(&[2, 3]))
-            .input(&f(&[4, 5]))
-            .output_existing(&f(&[2, 5])),
+            .input(f(&[2, 3]))
+            .input(f(&[4, 5]))
+            .output_existing(f(&[2, 5])),
     );
     assert!(
         msg.contains("shape mismatch") && msg.contains("[2, 3]") && msg.contains("[4, 5]"),
@@ -810,9 +807,9 @@ fn bad_arguments_fail_the_task() {
     let msg = run_err(
         "matmul",
         TaskArgs::new()
-            .input(&f(&[2, 3]))
-            .input(&f(&[3, 5]))
-            .output_existing(&f(&[5, 2])),
+            .input(f(&[2, 3]))
+            .input(f(&[3, 5]))
+            .output_existing(f(&[5, 2])),
     );
     assert!(
         msg.contains("c [5, 2]") && msg.contains("must be [2, 5]"),
@@ -822,9 +819,9 @@ fn bad_arguments_fail_the_task() {
     let msg = run_err(
         "matmul",
         TaskArgs::new()
-            .input(&f(&[6]))
-            .input(&f(&[6]))
-            .output_existing(&f(&[1])),
+            .input(f(&[6]))
+            .input(f(&[6]))
+            .output_existing(f(&[1])),
     );
     assert!(msg.contains("2-d"), "{msg}");
 
@@ -834,16 +831,16 @@ fn bad_arguments_fail_the_task() {
         TaskArgs::new()
             .input(&i)
             .input(&i)
-            .output_existing(&zeros(&[2, 2], DType::I32)),
+            .output_existing(zeros(&[2, 2], DType::I32)),
     );
     assert!(msg.contains("unsupported dtype i32"), "{msg}");
 
     let msg = run_err(
         "matmul_acc",
         TaskArgs::new()
-            .input(&f(&[2, 2]))
-            .input(&f(&[2, 2]))
-            .output_existing(&f(&[2, 2])),
+            .input(f(&[2, 2]))
+            .input(f(&[2, 2]))
+            .output_existing(f(&[2, 2])),
     );
     assert!(msg.contains("must be INOUT"), "{msg}");
 

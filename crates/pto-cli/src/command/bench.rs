@@ -105,18 +105,19 @@ fn pattern(chip: &Chip, name: &str, n: usize, busy_ns: u64) -> anyhow::Result<(f
                             let a = ls.view(&[1, 1], &[src, c])?;
                             let b = ls.view(&[1, 1], &[src, (c + 1) % WIDTH])?;
                             let out = ls.view(&[1, 1], &[dst, c])?;
+                            // The views are this task's alone: given up, not cloned.
                             o.submit(
                                 "join",
-                                TaskArgs::new().input(&a).input(&b).output_existing(&out),
+                                TaskArgs::new().input(a).input(b).output_existing(out),
                             )?;
                         }
                         2 => {
                             let e = cs.view(&[1], &[j])?;
-                            o.submit("busy", TaskArgs::new().output_existing(&e).scalar(busy_ns))?;
+                            o.submit("busy", TaskArgs::new().output_existing(e).scalar(busy_ns))?;
                         }
                         _ => {
                             let e = cs.view(&[1], &[j])?;
-                            o.submit("fan", TaskArgs::new().input(&c1).output_existing(&e))?;
+                            o.submit("fan", TaskArgs::new().input(&c1).output_existing(e))?;
                         }
                     }
                 }

@@ -118,7 +118,7 @@ fn entries_leave_the_tensormap_when_tasks_retire() {
     o.begin_scope(false).unwrap();
     for _ in 0..5 {
         submit(&mut o, TaskArgs::new().input(&t));
-        submit(&mut o, TaskArgs::new().inout(&t.view(&[4], &[2]).unwrap()));
+        submit(&mut o, TaskArgs::new().inout(t.view(&[4], &[2]).unwrap()));
     }
     assert!(o.tmap_len() > 0);
     assert_eq!(drain(&e).len(), 10);
@@ -143,9 +143,9 @@ fn the_tensormap_stays_bounded_over_a_long_run_of_disjoint_writes() {
         o.begin_scope(false).unwrap();
         let w = submit(
             &mut o,
-            TaskArgs::new().output_existing(&t.view(&[1], &[i]).unwrap()),
+            TaskArgs::new().output_existing(t.view(&[1], &[i]).unwrap()),
         );
-        let r = submit(&mut o, TaskArgs::new().input(&t.view(&[1], &[i]).unwrap()));
+        let r = submit(&mut o, TaskArgs::new().input(t.view(&[1], &[i]).unwrap()));
         // The reader of element i depends on its writer only.
         assert_eq!(o.deps_of(r), vec![w]);
         assert_eq!(drain(&e).len(), 2);
@@ -165,7 +165,7 @@ fn a_covering_writer_replaces_older_entries_and_retirement_keeps_it() {
     o.begin_scope(false).unwrap();
     let a = submit(
         &mut o,
-        TaskArgs::new().output_existing(&t.view(&[4], &[0]).unwrap()),
+        TaskArgs::new().output_existing(t.view(&[4], &[0]).unwrap()),
     );
     let b = submit(&mut o, TaskArgs::new().output_existing(&t));
     // b covers a: a's entry is gone, b's stays.
@@ -177,7 +177,7 @@ fn a_covering_writer_replaces_older_entries_and_retirement_keeps_it() {
     // A new writer in a new scope, then a reader depends only on it.
     o.begin_scope(false).unwrap();
     let c = submit(&mut o, TaskArgs::new().output_existing(&t));
-    let r = submit(&mut o, TaskArgs::new().input(&t.view(&[2], &[1]).unwrap()));
+    let r = submit(&mut o, TaskArgs::new().input(t.view(&[2], &[1]).unwrap()));
     assert_eq!(o.deps_of(r), vec![c]);
     assert_eq!(drain(&e), vec![c, r]);
     o.end_scope();
