@@ -88,12 +88,8 @@ fn kernels() -> KernelRegistry {
     // Waits (inside the kernel, as a kernel waiting on a peer's signal does) until `set_peer`
     // has run, then fills t0 with 7.
     k.register("wait_peer", CoreKind::Aiv, |ctx| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !PEER_FLAG.load(Ordering::Acquire) {
-            if std::time::Instant::now() > deadline {
-                return Err(KernelError::msg("set_peer never ran"));
-            }
-            std::thread::sleep(Duration::from_micros(50));
+        if !wait_flag(&PEER_FLAG, Duration::from_secs(5)) {
+            return Err(KernelError::msg("set_peer never ran"));
         }
         ctx.output::<i64>(0)?.fill(7);
         Ok(())
@@ -109,6 +105,19 @@ fn kernels() -> KernelRegistry {
 
 /// Raised by `set_peer`, awaited by `wait_peer`.
 static PEER_FLAG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Waits until `flag` is raised (polling every 50 µs, as a kernel waiting for a peer's signal
+/// does), for at most `limit`; false if it never was.
+fn wait_flag(flag: &std::sync::atomic::AtomicBool, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while !flag.load(Ordering::Acquire) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    true
+}
 
 fn chip() -> Chip {
     Chip::builder()
@@ -1215,12 +1224,8 @@ fn a_reserved_thread_runs_queued_work_when_the_orchestrator_blocks_elsewhere() {
     static GO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let mut k = KernelRegistry::new();
     k.register("wait_go", CoreKind::Aiv, |ctx| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !GO.load(Ordering::Acquire) {
-            if std::time::Instant::now() > deadline {
-                return Err(KernelError::msg("`go` never ran"));
-            }
-            std::thread::sleep(Duration::from_micros(50));
+        if !wait_flag(&GO, Duration::from_secs(10)) {
+            return Err(KernelError::msg("`go` never ran"));
         }
         ctx.output::<i64>(0)?.fill(1);
         Ok(())
@@ -1246,14 +1251,10 @@ fn a_reserved_thread_runs_queued_work_when_the_orchestrator_blocks_elsewhere() {
         o.submit("wait_go", TaskArgs::new().output_existing(&o2))?;
         o.submit("go", TaskArgs::new())?;
         // A host-side wait the engine cannot see: the orchestrating thread stays busy.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !GO.load(Ordering::Acquire) {
-            if std::time::Instant::now() > deadline {
-                return Err(OrchError::Other(
-                    "`go` never ran while the orchestrating thread was busy".into(),
-                ));
-            }
-            std::thread::sleep(Duration::from_micros(200));
+        if !wait_flag(&GO, Duration::from_secs(10)) {
+            return Err(OrchError::Other(
+                "`go` never ran while the orchestrating thread was busy".into(),
+            ));
         }
         Ok(())
     });
