@@ -578,15 +578,20 @@ impl<'a> KernelCtx<'a> {
     }
 
     pub(crate) fn arg(&self, index: usize) -> Result<(&'a Tensor, ArgMode), KernelError> {
-        self.payload
+        // Errors are built only on failure (see `view`): this runs for every argument.
+        match self
+            .payload
             .tensors
             .get(index)
             .and_then(TensorArg::existing)
-            .ok_or(KernelError::ArgIndex {
+        {
+            Some(found) => Ok(found),
+            None => Err(KernelError::ArgIndex {
                 what: "tensor",
                 index,
                 count: self.payload.tensors.len(),
-            })
+            }),
+        }
     }
 
     /// Tensor argument `index`'s metadata (shape, dtype, strides), without borrowing its data.
@@ -663,19 +668,20 @@ impl<'a> KernelCtx<'a> {
     ///
     /// [`KernelError::ArgIndex`] or [`KernelError::ScalarType`].
     pub fn scalar<T: Element>(&self, index: usize) -> Result<T, KernelError> {
-        let s = self
-            .payload
-            .scalars
-            .get(index)
-            .ok_or(KernelError::ArgIndex {
+        let Some(s) = self.payload.scalars.get(index) else {
+            return Err(KernelError::ArgIndex {
                 what: "scalar",
                 index,
                 count: self.payload.scalars.len(),
-            })?;
-        s.get::<T>().ok_or(KernelError::ScalarType {
-            index,
-            expected: T::DTYPE,
-            actual: s.dtype,
-        })
+            });
+        };
+        match s.get::<T>() {
+            Some(value) => Ok(value),
+            None => Err(KernelError::ScalarType {
+                index,
+                expected: T::DTYPE,
+                actual: s.dtype,
+            }),
+        }
     }
 }

@@ -571,8 +571,11 @@ impl<'a> KernelCtx<'a> {
                     buffer: t.buffer().id(),
                 })?;
         }
-        let guard = FlagGuard::take(&self.flags[index], write)
-            .ok_or(KernelError::AlreadyBorrowed { index })?;
+        // `let .. else` builds the error only on failure: an eager `ok_or` constructs and drops
+        // a `KernelError` for every argument of every task.
+        let Some(guard) = FlagGuard::take(&self.flags[index], write) else {
+            return Err(KernelError::AlreadyBorrowed { index });
+        };
         Ok((t, region, guard))
     }
 
