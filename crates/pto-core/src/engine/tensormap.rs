@@ -482,6 +482,36 @@ impl Probe {
     /// (one per tensor argument of every task).
     pub(crate) fn of(region: &Region) -> Probe {
         let sz = region.dtype().size();
+        if region.ndims == 1 {
+            // One dimension (most views of a tiled program's vectors): no loop.
+            let (n, st) = (region.shape[0], region.strides[0]);
+            let start = region.offset * sz;
+            let end = if n == 0 {
+                start
+            } else {
+                (region.offset + (n - 1) * st + 1) * sz
+            };
+            return Probe {
+                start,
+                end,
+                contig: n == 1 || st == 1,
+            };
+        }
+        if region.ndims == 2 {
+            // Two dimensions (tiles of a matrix): the loop below, unrolled.
+            let ([n0, n1, ..], [s0, s1, ..]) = (region.shape, region.strides);
+            let start = region.offset * sz;
+            let end = if n0 == 0 || n1 == 0 {
+                start
+            } else {
+                (region.offset + (n0 - 1) * s0 + (n1 - 1) * s1 + 1) * sz
+            };
+            return Probe {
+                start,
+                end,
+                contig: (n1 == 1 || s1 == 1) && (n0 == 1 || s0 == n1),
+            };
+        }
         let (shape, strides) = (region.shape(), region.strides());
         // Innermost first: contiguous while each stride is the product of the inner extents.
         let (mut ext, mut acc, mut contig, mut empty) = (0usize, 1usize, true, false);
@@ -546,10 +576,16 @@ impl RegionPool {
 
 #[derive(Default, Debug)]
 pub(crate) struct TensorMap {
-    bufs: FxHashMap<u64, BufIndex>,
-    /// Emptied indexes of forgotten buffers, kept with their memory for the next buffers (a
-    /// buffer whose tasks all retire by a sweep comes back at its next access).
-    spare: Vec<BufIndex>,
+    /// Buffer id -> its index's place in `indexes`.
+    bufs: FxHashMap<u64, u32>,
+    /// The buffers' indexes; the places listed in `vacant` belong to no buffer (emptied, up
+    /// to [`SPARE`] of them keeping their memory for the next buffers: a buffer whose tasks
+    /// all retire by a sweep comes back at its next access).
+    indexes: Vec<BufIndex>,
+    vacant: Vec<u32>,
+    /// `(buffer id, place)` of the two buffers accessed last, looked at before the hash map
+    /// (a task's arguments mostly name the buffers the task before named).
+    recent: [Option<(u64, u32)>; 2],
     pool: RegionPool,
     seq: u64,
     /// Entries not dead.
@@ -583,7 +619,8 @@ impl TensorMap {
         if probe.start == probe.end {
             return;
         }
-        if let Some(idx) = self.bufs.get_mut(&buffer) {
+        if let Some(i) = self.find(buffer) {
+            let idx = &mut self.indexes[i];
             match &idx.tiles {
                 Some(tiles) => {
                     BufIndex::scan_tiles(tiles, &self.pool, region, probe, write, live, deps);
@@ -608,11 +645,8 @@ impl TensorMap {
         live: impl FnMut(TaskRef) -> Liveness,
         deps: &mut SmallVec<[TaskRef; 8]>,
     ) {
-        let spare = &mut self.spare;
-        let idx = self
-            .bufs
-            .entry(buffer)
-            .or_insert_with(|| spare.pop().unwrap_or_default());
+        let i = self.place(buffer);
+        let idx = &mut self.indexes[i];
         if let Some(tiles) = &mut idx.tiles {
             if probe.start == probe.end {
                 // Touches no byte: no dependency and no entry.
@@ -665,18 +699,54 @@ impl TensorMap {
         }
     }
 
+    /// The place of `buffer`'s index, if it has one.
+    #[inline]
+    fn find(&mut self, buffer: u64) -> Option<usize> {
+        match self.recent {
+            [Some((b, i)), _] if b == buffer => Some(i as usize),
+            [first, Some((b, i))] if b == buffer => {
+                self.recent = [Some((b, i)), first];
+                Some(i as usize)
+            }
+            _ => {
+                let i = *self.bufs.get(&buffer)?;
+                self.recent = [Some((buffer, i)), self.recent[0]];
+                Some(i as usize)
+            }
+        }
+    }
+
+    /// The place of `buffer`'s index, given one (a vacant place) if it has none.
+    #[inline]
+    fn place(&mut self, buffer: u64) -> usize {
+        if let Some(i) = self.find(buffer) {
+            return i;
+        }
+        let i = match self.vacant.pop() {
+            Some(i) => i,
+            None => {
+                self.indexes.push(BufIndex::default());
+                // Buffers with live entries are far fewer than u32::MAX.
+                (self.indexes.len() - 1) as u32
+            }
+        };
+        self.bufs.insert(buffer, i);
+        self.recent = [Some((buffer, i)), self.recent[0]];
+        i as usize
+    }
+
     /// Forgets every entry (a run's end: its tasks' references mean nothing to the next run),
     /// keeping some memory for the next run: the indexes of up to [`SPARE`] buffers, each
     /// trimmed to [`KEEP`] entries, and the region pool.
     pub(crate) fn clear(&mut self) {
-        for (_, mut idx) in self.bufs.drain() {
-            if self.spare.len() < SPARE {
-                idx.reset();
-                self.spare.push(idx);
-            }
-        }
-        for idx in &mut self.spare {
+        self.bufs.clear();
+        self.recent = [None; 2];
+        self.vacant.clear();
+        self.indexes.truncate(SPARE);
+        for (i, idx) in self.indexes.iter_mut().enumerate() {
+            idx.reset();
             idx.trim();
+            self.vacant.push(i as u32);
         }
         self.pool.regions.clear();
         self.pool.regions.shrink_to(KEEP);
@@ -697,15 +767,22 @@ impl TensorMap {
     pub(crate) fn sweep(&mut self, mut live: impl FnMut(TaskRef) -> Liveness) {
         let mut left = 0;
         let free = &mut self.pool.free;
-        let spare = &mut self.spare;
-        let mut keep = |idx: &mut BufIndex, kept: bool| {
-            if !kept && spare.len() < SPARE {
-                idx.reset();
-                spare.push(std::mem::take(idx));
+        let (indexes, vacant) = (&mut self.indexes, &mut self.vacant);
+        // An emptied index's place becomes vacant, keeping its memory while few do.
+        let mut keep = |idx: &mut BufIndex, i: u32, kept: bool| {
+            if !kept {
+                if vacant.len() < SPARE {
+                    idx.reset();
+                } else {
+                    *idx = BufIndex::default();
+                }
+                vacant.push(i);
             }
             kept
         };
-        self.bufs.retain(|_, idx| {
+        self.recent = [None; 2];
+        self.bufs.retain(|_, &mut i| {
+            let idx = &mut indexes[i as usize];
             if let Some(tiles) = &mut idx.tiles {
                 for t in &mut tiles.tiles {
                     // Most tiles hold one writer and no reader (or nothing): no list pass.
@@ -739,7 +816,7 @@ impl TensorMap {
                     tiles.order.sort_unstable();
                 }
                 let kept = !tiles.tiles.is_empty();
-                return keep(idx, kept);
+                return keep(idx, i, kept);
             }
             for side in &mut idx.sides {
                 side.entries.retain(|e| {
@@ -753,7 +830,7 @@ impl TensorMap {
                 left += side.entries.len();
             }
             let kept = !idx.is_empty();
-            keep(idx, kept)
+            keep(idx, i, kept)
         });
         self.entries = left;
         self.sweep_at = 2 * left;
@@ -764,13 +841,16 @@ impl TensorMap {
     pub(crate) fn len(&self) -> usize {
         self.bufs
             .values()
-            .map(|b| match &b.tiles {
-                Some(t) => t
-                    .tiles
-                    .iter()
-                    .map(|t| t.writers.len() + t.readers.len())
-                    .sum::<usize>(),
-                None => b.sides.iter().map(|s| s.entries.len() - s.dead).sum(),
+            .map(|&i| {
+                let b = &self.indexes[i as usize];
+                match &b.tiles {
+                    Some(t) => t
+                        .tiles
+                        .iter()
+                        .map(|t| t.writers.len() + t.readers.len())
+                        .sum::<usize>(),
+                    None => b.sides.iter().map(|s| s.entries.len() - s.dead).sum(),
+                }
             })
             .sum::<usize>()
     }
