@@ -221,6 +221,7 @@ impl TaskArgs {
         }
     }
 
+    #[inline(always)]
     fn with(mut self, t: impl ArgTensor, mode: ArgMode) -> TaskArgs {
         if self.tensors.capacity() == 0 {
             self.tensors = pool::take();

@@ -105,7 +105,7 @@ impl<'a> Orch<'a> {
     fn submit_inner(
         &mut self,
         kernel: Option<&Arc<crate::kernel::Kernel>>,
-        args: TaskArgs,
+        mut args: TaskArgs,
     ) -> Result<Submitted, OrchError> {
         let plan = self.state.plan(kernel, &args)?;
         // The clock is read only once the ring is full (a clock read per task costs more than
@@ -145,7 +145,7 @@ impl<'a> Orch<'a> {
             // The wait released the reserved core thread: busy again.
             self.engine.orch_busy();
         }
-        let (task, outputs) = self.state.commit(plan, args, placed?)?;
+        let (task, outputs) = self.state.commit(&plan, &mut args, placed?)?;
         Ok(Submitted { task, outputs })
     }
 

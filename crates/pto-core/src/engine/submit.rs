@@ -383,13 +383,13 @@ impl Orchestrator {
     /// runtime outputs.
     pub(crate) fn commit(
         &mut self,
-        plan: Plan<'_>,
-        args: TaskArgs,
+        plan: &Plan<'_>,
+        args: &mut TaskArgs,
         at: usize,
     ) -> Result<(TaskId, Vec<Tensor>), OrchError> {
-        let Plan {
+        let &Plan {
             kernel,
-            out_offsets,
+            ref out_offsets,
             bytes,
             ring,
         } = plan;
@@ -450,7 +450,7 @@ impl Orchestrator {
         b.payload.block_num = args.block_num;
         b.payload.deferred = deferred;
         if !args.scalars.is_empty() {
-            b.payload.scalars.extend(args.scalars);
+            b.payload.scalars.extend(args.scalars.drain(..));
             b.payload.extras = 1;
         }
         b.token = *nonce << TOKEN_TASK_BITS | id;
@@ -473,7 +473,7 @@ impl Orchestrator {
         }
         // First the dependencies, reading the arguments where the caller put them; then one
         // move of each into the node (a move between the two would copy each tensor twice).
-        let mut tensors = args.tensors;
+        let mut tensors = std::mem::take(&mut args.tensors);
         for (i, a) in tensors.iter().enumerate() {
             let TensorArg::Existing(t, mode) = a else {
                 continue;
@@ -555,9 +555,21 @@ impl Orchestrator {
                 b.payload.extras = 1;
             }
         }
-        if deps.len() > 1 {
+        if deps.len() > 16 {
             deps.sort_unstable_by_key(|d| (d.id, d.slot));
             deps.dedup();
+        } else if deps.len() > 1 {
+            // A handful of producers (most tasks): drop repeats in place, keeping the first of
+            // each, with fewer instructions than a sort.
+            let mut n = 1;
+            for i in 1..deps.len() {
+                let d = deps[i];
+                if !deps[..n].contains(&d) {
+                    deps[n] = d;
+                    n += 1;
+                }
+            }
+            deps.truncate(n);
         }
         // Which producers are live (wired; retained when it has runtime outputs, which must
         // outlive this task's reads) and which poison it. The ids of producers not retained

@@ -44,11 +44,11 @@ fn kernel() -> Arc<Kernel> {
     r.lookup("k").unwrap().clone()
 }
 
-fn submit(o: &mut Orchestrator, args: TaskArgs) -> u64 {
+fn submit(o: &mut Orchestrator, mut args: TaskArgs) -> u64 {
     let k = kernel();
     let plan = o.plan(Some(&k), &args).unwrap();
     let at = o.place(&plan).ok().unwrap();
-    o.commit(plan, args, at).unwrap().0.get()
+    o.commit(&plan, &mut args, at).unwrap().0.get()
 }
 
 /// Takes every ready block without running it yet.
@@ -260,10 +260,10 @@ fn probe_engine_cost() {
     while i < n {
         o.begin_scope(false).unwrap();
         for _ in 0..1024 {
-            let args = TaskArgs::new().inout(&t);
+            let mut args = TaskArgs::new().inout(&t);
             let plan = o.plan(Some(&k), &args).unwrap();
             let at = o.place(&plan).ok().unwrap();
-            o.commit(plan, args, at).unwrap();
+            o.commit(&plan, &mut args, at).unwrap();
             run_ready(&e, &mut rot, &mut streak);
             i += 1;
         }
@@ -378,7 +378,7 @@ mod ordering {
                 match step {
                     Step::Task(v, mode) => {
                         let t = make(&base, v);
-                        let args = match mode {
+                        let mut args = match mode {
                             ArgMode::In => TaskArgs::new().input(&t),
                             ArgMode::InOut => TaskArgs::new().inout(&t),
                             _ => TaskArgs::new().output_existing(&t),
@@ -400,7 +400,7 @@ mod ordering {
                             }
                         };
                         let Some(at) = at else { continue };
-                        let (id, _) = d.commit(plan, args, at).unwrap();
+                        let (id, _) = d.commit(&plan, &mut args, at).unwrap();
                         ids.push(id.get());
                         let mut preds: BTreeSet<u64> = d.deps_of(id.get()).into_iter().collect();
                         preds.extend(finished.iter().copied());
@@ -494,7 +494,7 @@ fn probe_submit_vs_run_cost() {
             o.begin_scope(false).unwrap();
             let t0 = std::time::Instant::now();
             for _ in 0..1024 {
-                let args = match pattern {
+                let mut args = match pattern {
                     "chain" => TaskArgs::new().inout(&cell),
                     "fan" => {
                         let v = cells.view(&[1], &[j]).unwrap();
@@ -512,7 +512,7 @@ fn probe_submit_vs_run_cost() {
                 j += 1;
                 let plan = o.plan(Some(&k), &args).unwrap();
                 let at = o.place(&plan).ok().unwrap();
-                o.commit(plan, args, at).unwrap();
+                o.commit(&plan, &mut args, at).unwrap();
             }
             let t1 = std::time::Instant::now();
             run_ready(&e, &mut rot, &mut streak);
