@@ -546,7 +546,7 @@ impl Orchestrator {
         // nodes among the live ones (the TensorMap knows tasks by node). `root` is `1 + id` of
         // a failed task that poisons this one, or 0.
         let mut root = 0u64;
-        for d in explicit {
+        for &d in &explicit {
             if let Some(r) = rings.iter().flat_map(|r| r.live.iter()).find(|t| t.id == d) {
                 deps.push(*r);
             } else if let Some(failed) = retired_failed.get(&d) {

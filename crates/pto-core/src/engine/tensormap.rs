@@ -423,12 +423,14 @@ fn tile_access(
     mut live: impl FnMut(TaskRef) -> Liveness,
     deps: &mut SmallVec<[TaskRef; 8]>,
 ) -> usize {
-    let before = t.writers.len() + t.readers.len();
+    // Counted as they go (the common paths take no length of a small vector).
+    let mut removed = 0;
     if write {
         // Every entry is a dependency unless retired; none stays unless it failed (it
         // poisons every later access).
         let mut failed = false;
         for &x in t.writers.iter().chain(&t.readers) {
+            removed += 1;
             match live(x) {
                 Liveness::Retired => {}
                 Liveness::Live => deps.push(x),
@@ -441,6 +443,7 @@ fn tile_access(
         if failed {
             t.writers.retain(|x| live(*x) == Liveness::RetiredFailed);
             t.readers.retain(|x| live(*x) == Liveness::RetiredFailed);
+            removed -= t.writers.len() + t.readers.len();
         } else {
             t.writers.clear();
             t.readers.clear();
@@ -457,16 +460,20 @@ fn tile_access(
             }
         }
         if retired {
+            let before = t.writers.len();
             t.writers.retain(|x| live(*x) != Liveness::Retired);
+            removed += before - t.writers.len();
         }
         if t.readers.len() >= t.prune_at {
+            let before = t.readers.len();
             t.readers.retain(|x| live(*x) != Liveness::Retired);
+            removed += before - t.readers.len();
             t.next_prune();
         }
         t.readers.push(task);
     }
     // The new entry is counted by the caller.
-    (before + 1).saturating_sub(t.writers.len() + t.readers.len())
+    removed
 }
 
 /// An access's byte range and layout, computed once for its lookup and its insert.
@@ -586,6 +593,8 @@ pub(crate) struct TensorMap {
     /// `(buffer id, place)` of the two buffers accessed last, looked at before the hash map
     /// (a task's arguments mostly name the buffers the task before named).
     recent: [Option<(u64, u32)>; 2],
+    /// Which entry of `recent` was hit (or filled) last.
+    hit: usize,
     pool: RegionPool,
     seq: u64,
     /// Entries not dead.
@@ -699,18 +708,31 @@ impl TensorMap {
         }
     }
 
+    /// Puts `(buffer, place)` in the recent entry not hit last.
+    #[inline]
+    fn remember(&mut self, buffer: u64, i: u32) {
+        let victim = 1 - self.hit;
+        self.recent[victim] = Some((buffer, i));
+        self.hit = victim;
+    }
+
     /// The place of `buffer`'s index, if it has one.
     #[inline]
     fn find(&mut self, buffer: u64) -> Option<usize> {
+        // A hit moves nothing (a task alternating between two buffers writes no cache); a miss
+        // replaces the entry not hit last.
         match self.recent {
-            [Some((b, i)), _] if b == buffer => Some(i as usize),
-            [first, Some((b, i))] if b == buffer => {
-                self.recent = [Some((b, i)), first];
+            [Some((b, i)), _] if b == buffer => {
+                self.hit = 0;
+                Some(i as usize)
+            }
+            [_, Some((b, i))] if b == buffer => {
+                self.hit = 1;
                 Some(i as usize)
             }
             _ => {
                 let i = *self.bufs.get(&buffer)?;
-                self.recent = [Some((buffer, i)), self.recent[0]];
+                self.remember(buffer, i);
                 Some(i as usize)
             }
         }
@@ -731,7 +753,7 @@ impl TensorMap {
             }
         };
         self.bufs.insert(buffer, i);
-        self.recent = [Some((buffer, i)), self.recent[0]];
+        self.remember(buffer, i);
         i as usize
     }
 

@@ -2,8 +2,11 @@
 
 use proptest::prelude::*;
 
-use super::Probe;
+use smallvec::SmallVec;
+
+use super::{Liveness, Probe, TensorMap};
 use crate::dtype::DType;
+use crate::engine::TaskRef;
 use crate::geometry::Region;
 
 proptest! {
@@ -28,5 +31,66 @@ proptest! {
         let p = Probe::of(&r);
         prop_assert_eq!((p.start, p.end), r.byte_range());
         prop_assert_eq!(p.contig, r.is_contiguous());
+    }
+}
+
+/// An access of a random sequence: buffer, element offset, length, write; then how many of the
+/// tasks so far retire (normally, or failed when `fail`) before the next one.
+type Step = (u64, usize, usize, bool, usize, bool);
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    proptest::collection::vec(
+        (
+            0u64..3,
+            0usize..12,
+            0usize..5,
+            any::<bool>(),
+            0usize..3,
+            any::<bool>(),
+        ),
+        1..80,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// The live-entry count that triggers sweeps matches the entries actually held, through
+    /// tiled and general buffers, covering writes, retired and failed tasks, and sweeps.
+    #[test]
+    fn the_entry_count_matches_the_entries(steps in steps()) {
+        let mut m = TensorMap::default();
+        // Task `i`'s fate: None while live, Some(failed) once retired.
+        let mut fate: Vec<Option<bool>> = Vec::new();
+        let mut retired = 0;
+        for (n, &(buf, off, len, write, retire, fail)) in steps.iter().enumerate() {
+            let r = Region::contiguous(DType::F32, off, &[len]);
+            let me = TaskRef { slot: n as u32, id: n as u64 };
+            fate.push(None);
+            let live = |x: TaskRef| match fate[x.id as usize] {
+                None => Liveness::Live,
+                Some(true) => Liveness::RetiredFailed,
+                Some(false) => Liveness::Retired,
+            };
+            let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+            m.access(buf, &r, &Probe::of(&r), write, me, live, &mut deps);
+            prop_assert!(deps.iter().all(|d| d.id < me.id), "a task depends on itself or later");
+            prop_assert_eq!(m.entries, m.len());
+            for _ in 0..retire {
+                if retired < n {
+                    fate[retired] = Some(fail && retired % 3 == 0);
+                    retired += 1;
+                }
+            }
+            if n % 16 == 15 {
+                let live = |x: TaskRef| match fate[x.id as usize] {
+                    None => Liveness::Live,
+                    Some(true) => Liveness::RetiredFailed,
+                    Some(false) => Liveness::Retired,
+                };
+                m.sweep(live);
+                prop_assert_eq!(m.entries, m.len());
+            }
+        }
     }
 }
