@@ -153,7 +153,7 @@ impl Tile {
 }
 
 /// The tiles of a tiled buffer: pairwise disjoint, non-empty, contiguous byte ranges.
-#[derive(Default, Debug)]
+#[derive(Debug)]
 struct Tiles {
     tiles: Vec<Tile>,
     /// First byte -> index in `tiles`, for the tiles accessed again (a tile enters at its
@@ -165,6 +165,31 @@ struct Tiles {
     order: Vec<(usize, usize, u32)>,
     /// The tile accessed last, looked at first (a chain on one tensor).
     last: usize,
+    /// A direct-mapped cache in front of `by_start`: slot [`near_slot`]`(start)` holds the
+    /// index of a tile recently found with that first byte. Entries are checked, never
+    /// invalidated: first bytes are unique among tiles, so an index whose tile starts at the
+    /// byte asked for is right however old it is.
+    near: [u32; NEAR],
+}
+
+impl Default for Tiles {
+    fn default() -> Tiles {
+        Tiles {
+            tiles: Vec::new(),
+            by_start: FxHashMap::default(),
+            order: Vec::new(),
+            last: 0,
+            near: [0; NEAR],
+        }
+    }
+}
+
+/// Slots of [`Tiles::near`].
+const NEAR: usize = 64;
+
+/// The slot of first byte `s` in [`Tiles::near`] (a multiplicative hash's top bits).
+fn near_slot(s: usize) -> usize {
+    ((s as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize
 }
 
 /// Where a tiled buffer's access goes.
@@ -198,13 +223,20 @@ impl Tiles {
             Some(&(_, last_end, _)) if last_end <= s => return Found::New(self.order.len()),
             _ => {}
         }
+        let slot = near_slot(s);
+        let near = self.near[slot] as usize;
+        if let Some(t) = self.tiles.get(near).filter(|t| t.start == s) {
+            return tile(near, t.end);
+        }
         if let Some(&i) = self.by_start.get(&s) {
+            self.near[slot] = i;
             return tile(i as usize, self.tiles[i as usize].end);
         }
         let at = self.order.partition_point(|&(ts, _, _)| ts < s);
         if let Some(&(ts, te, i)) = self.order.get(at).filter(|o| o.0 == s) {
             // A tile's second access: from now on it is found by hash.
             self.by_start.insert(ts, i);
+            self.near[slot] = i;
             return tile(i as usize, te);
         }
         let prev_ok = at == 0 || self.order[at - 1].1 <= s;

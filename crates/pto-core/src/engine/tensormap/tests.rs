@@ -55,10 +55,11 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
-    /// The live-entry count that triggers sweeps matches the entries actually held, through
-    /// tiled and general buffers, covering writes, retired and failed tasks, and sweeps.
+    /// Through tiled and general buffers, covering and partial writes, retired and failed
+    /// tasks, and sweeps: every needed dependency is found and none is invented, and the
+    /// live-entry count that triggers sweeps matches the entries actually held.
     #[test]
-    fn the_entry_count_matches_the_entries(steps in steps()) {
+    fn dependencies_and_entry_count_match_a_model(steps in steps()) {
         let mut m = TensorMap::default();
         // Task `i`'s fate: None while live, Some(failed) once retired.
         let mut fate: Vec<Option<bool>> = Vec::new();
@@ -74,8 +75,46 @@ proptest! {
             };
             let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
             m.access(buf, &r, &Probe::of(&r), write, me, live, &mut deps);
-            prop_assert!(deps.iter().all(|d| d.id < me.id), "a task depends on itself or later");
             prop_assert_eq!(m.entries, m.len());
+            // Against a model of every earlier access of the same buffer: each dependency
+            // overlaps this access (with a write on one side) and did not retire normally;
+            // and the last writer of each byte, and for a write every reader since that
+            // writer, is among them unless it retired normally.
+            let bytes = |o: usize, l: usize| (o * 4)..((o + l) * 4);
+            let here = bytes(off, len);
+            let not_retired = |id: usize| fate[id] != Some(false);
+            let mut must = std::collections::BTreeSet::new();
+            for b in here.clone() {
+                let mut readers = Vec::new();
+                for (id, &(pb, po, pl, pw, _, _)) in steps[..n].iter().enumerate() {
+                    if pb == buf && bytes(po, pl).contains(&b) {
+                        if pw {
+                            readers.clear();
+                            readers.push((id, true));
+                        } else {
+                            readers.push((id, false));
+                        }
+                    }
+                }
+                for (id, w) in readers {
+                    if (w || write) && not_retired(id) {
+                        must.insert(id);
+                    }
+                }
+            }
+            for d in &deps {
+                let (pb, po, pl, pw, _, _) = steps[d.id as usize];
+                let p = bytes(po, pl);
+                prop_assert!(d.id < me.id, "task {} depends on task {}", n, d.id);
+                prop_assert!(pb == buf && p.start < here.end && here.start < p.end,
+                    "task {} depends on task {}, which it does not overlap", n, d.id);
+                prop_assert!(pw || write, "read {} depends on read {}", n, d.id);
+                prop_assert!(not_retired(d.id as usize), "task {} depends on retired {}", n, d.id);
+            }
+            for id in must {
+                prop_assert!(deps.iter().any(|d| d.id == id as u64),
+                    "task {} misses its dependency on task {} (deps {:?})", n, id, deps);
+            }
             for _ in 0..retire {
                 if retired < n {
                     fate[retired] = Some(fail && retired % 3 == 0);
