@@ -89,8 +89,9 @@ pub(super) enum Found {
 
 impl Tiles {
     /// Where an access of bytes `[s, e)` goes: the tile accessed last, then a new range past
-    /// every tile (an append), then the hash map, then a binary search of `order` (which puts a
-    /// tile found there into the hash map, and checks a new range against its neighbours).
+    /// every tile (an append), then the `near` cache, then the hash map, then a binary search of
+    /// `order` (which puts a tile found there into the hash map, and checks a new range against
+    /// its neighbours).
     pub(super) fn find(&mut self, s: usize, e: usize) -> Found {
         let tile = |i: usize, end: usize| {
             if end == e {
