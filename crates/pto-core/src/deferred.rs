@@ -38,6 +38,15 @@ pub trait Condition: Send + Sync + 'static {
     fn trace_key(&self) -> Option<String> {
         None
     }
+    /// Where it stands among conditions that hold in order: `(queue, position)`, where
+    /// `queue` identifies the queue (an address, say) and a condition holds only after every
+    /// one of its queue with a smaller position held (the answers of one peer, taken in the
+    /// order they were asked). While one of a queue is pending, a poll pass skips the later
+    /// ones of that queue, so a pass costs one poll per queue rather than one per waiting task.
+    /// `None` (the default): polled on every pass.
+    fn order(&self) -> Option<(usize, u64)> {
+        None
+    }
 }
 
 impl fmt::Debug for dyn Condition {

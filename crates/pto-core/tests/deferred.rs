@@ -354,3 +354,96 @@ fn failed_and_stray_completions_are_errors() {
         "{err}"
     );
 }
+
+/// One answer of a queue that answers in order: ready once `answered` passed its position.
+struct Answer {
+    queue: usize,
+    at: u64,
+    answered: Arc<std::sync::atomic::AtomicU64>,
+    /// Polls made while an earlier answer of the queue was still missing.
+    behind: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl pto_core::Condition for Answer {
+    fn poll(&self) -> pto_core::Poll {
+        let answered = self.answered.load(std::sync::atomic::Ordering::SeqCst);
+        if self.at > answered {
+            self.behind
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        if self.at < answered {
+            pto_core::Poll::Ready
+        } else {
+            pto_core::Poll::Pending
+        }
+    }
+    fn describe(&self) -> String {
+        format!("answer {} of queue {}", self.at, self.queue)
+    }
+    fn order(&self) -> Option<(usize, u64)> {
+        Some((self.queue, self.at))
+    }
+}
+
+/// Conditions that declare an order (`Condition::order`) are polled one per queue and pass
+/// while the earliest is pending: the later ones of the queue are not polled until it holds
+/// (here 16 answers come 1 ms apart while the engine polls closely: polled every pass, the
+/// later ones would be polled thousands of times). Registered in the reverse order, they all
+/// complete too.
+#[test]
+fn ordered_conditions_are_polled_one_per_queue_and_all_complete() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const N: u64 = 16;
+    let chip = Chip::builder()
+        .aic_cores(0)
+        .aiv_cores(2)
+        .threads(2)
+        .build()
+        .unwrap();
+    let answered: Vec<Arc<AtomicU64>> = (0..2).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let behind: Vec<Arc<AtomicU64>> = (0..2).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let mut k = KernelRegistry::new();
+    for (q, name) in ["in_order", "reversed"].into_iter().enumerate() {
+        let (a, b) = (answered[q].clone(), behind[q].clone());
+        k.register(name, CoreKind::Aiv, move |ctx| {
+            let positions: Vec<u64> = if q == 0 {
+                (0..N).collect()
+            } else {
+                (0..N).rev().collect()
+            };
+            for at in positions {
+                ctx.defer(Answer {
+                    queue: q,
+                    at,
+                    answered: a.clone(),
+                    behind: b.clone(),
+                })?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+    let a2 = answered.clone();
+    let answerer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(10));
+        for _ in 0..N {
+            std::thread::sleep(Duration::from_millis(1));
+            for a in &a2 {
+                a.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    let report = chip
+        .run(&Program::new("ordered", k, |o| {
+            o.submit("in_order", TaskArgs::new().deferred())?;
+            o.submit("reversed", TaskArgs::new().deferred())?;
+            Ok(())
+        }))
+        .unwrap();
+    answerer.join().unwrap();
+    assert_eq!(report.stats.deferred, 2);
+    // At registration each condition is looked at once; after that, in registration order,
+    // none behind a pending one is polled.
+    let in_order = behind[0].load(Ordering::SeqCst);
+    assert!(in_order <= N, "{in_order} polls behind a pending answer");
+}

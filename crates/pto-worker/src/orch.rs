@@ -372,6 +372,13 @@ impl pto_core::Condition for ChipResult {
         }
     }
 
+    /// A child answers its frames in the order they were sent (`HostState::poll` takes
+    /// results oldest first).
+    fn order(&self) -> Option<(usize, u64)> {
+        let child: *const _ = &self.st.children[self.ticket.child];
+        Some((child as usize, self.ticket.ident.generation))
+    }
+
     fn describe(&self) -> String {
         format!(
             "{}'s answer to host task {}",

@@ -138,6 +138,8 @@ impl Engine {
         let mut held: Vec<(u64, crate::trace::Mark)> = Vec::new();
         let tokens = std::mem::take(&mut d.tokens);
         let mut index = 0usize;
+        // The earliest pending position of each ordered queue seen in this pass.
+        let mut pending: SmallVec<[(usize, u64); 8]> = SmallVec::new();
         d.waiting.retain_mut(|w| {
             index += 1;
             if only.is_some_and(|o| o != w.id) && index > OLDEST_POLLED {
@@ -162,6 +164,14 @@ impl Engine {
                 if failed.is_some() {
                     return true;
                 }
+                let order = c.order();
+                if let Some((q, at)) = order {
+                    // An earlier condition of its queue is pending: so is this one (polled
+                    // anyway at its deadline, to fail it with its own poll's answer).
+                    if now < *deadline && pending.iter().any(|&(pq, pa)| pq == q && pa < at) {
+                        return true;
+                    }
+                }
                 match c.poll() {
                     Poll::Ready => {
                         if let (true, Some(key)) = (tracing, c.trace_key()) {
@@ -183,7 +193,15 @@ impl Engine {
                         ));
                         true
                     }
-                    Poll::Pending => true,
+                    Poll::Pending => {
+                        if let Some((q, at)) = order {
+                            match pending.iter_mut().find(|p| p.0 == q) {
+                                Some(p) => p.1 = p.1.min(at),
+                                None => pending.push((q, at)),
+                            }
+                        }
+                        true
+                    }
                     Poll::Failed(m) => {
                         failed = Some(format!("condition {} failed: {m}", c.describe()));
                         true
