@@ -198,17 +198,27 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::OutOfRange`] when the box leaves the tensor.
-    #[inline]
     pub fn view(&self, shape: &[usize], offsets: &[usize]) -> Result<Tensor, TensorError> {
         let n = usize::from(self.region.ndims);
         if shape.len() != n || offsets.len() != n {
-            return Err(self.view_error(shape, offsets));
+            return Err(TensorError::OutOfRange {
+                what: "view",
+                detail: format!("{n}-d tensor, got shape {shape:?} and offsets {offsets:?}"),
+            });
         }
         let mut r = self.region;
         for i in 0..n {
-            match offsets[i].checked_add(shape[i]) {
-                Some(end) if end <= self.region.shape[i] => {}
-                _ => return Err(self.view_error(shape, offsets)),
+            let end = offsets[i]
+                .checked_add(shape[i])
+                .ok_or(TensorError::Overflow)?;
+            if end > self.region.shape[i] {
+                return Err(TensorError::OutOfRange {
+                    what: "view",
+                    detail: format!(
+                        "dimension {i}: {}..{end} exceeds size {}",
+                        offsets[i], self.region.shape[i]
+                    ),
+                });
             }
             if shape[i] > 0 {
                 r.offset += offsets[i] * r.strides[i];
@@ -223,35 +233,6 @@ impl Tensor {
             region: r,
             origin: self.origin.clone(),
         })
-    }
-
-    /// Why `view(shape, offsets)` is refused: out of the fast path, so that `view` inlines
-    /// into orchestration loops and its tensor is built where the caller keeps it.
-    #[cold]
-    #[inline(never)]
-    fn view_error(&self, shape: &[usize], offsets: &[usize]) -> TensorError {
-        let n = usize::from(self.region.ndims);
-        if shape.len() != n || offsets.len() != n {
-            return TensorError::OutOfRange {
-                what: "view",
-                detail: format!("{n}-d tensor, got shape {shape:?} and offsets {offsets:?}"),
-            };
-        }
-        for i in 0..n {
-            let Some(end) = offsets[i].checked_add(shape[i]) else {
-                return TensorError::Overflow;
-            };
-            if end > self.region.shape[i] {
-                return TensorError::OutOfRange {
-                    what: "view",
-                    detail: format!(
-                        "dimension {i}: {}..{end} exceeds size {}",
-                        offsets[i], self.region.shape[i]
-                    ),
-                };
-            }
-        }
-        TensorError::Overflow
     }
 
     /// Elements `start, start+step, ...` below `end` of dimension `dim`.
