@@ -4,6 +4,7 @@
 // Test helpers unwrap: a failure there is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -359,17 +360,16 @@ fn failed_and_stray_completions_are_errors() {
 struct Answer {
     queue: usize,
     at: u64,
-    answered: Arc<std::sync::atomic::AtomicU64>,
+    answered: Arc<AtomicU64>,
     /// Polls made while an earlier answer of the queue was still missing.
-    behind: Arc<std::sync::atomic::AtomicU64>,
+    behind: Arc<AtomicU64>,
 }
 
 impl pto_core::Condition for Answer {
     fn poll(&self) -> pto_core::Poll {
-        let answered = self.answered.load(std::sync::atomic::Ordering::SeqCst);
+        let answered = self.answered.load(Ordering::SeqCst);
         if self.at > answered {
-            self.behind
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.behind.fetch_add(1, Ordering::SeqCst);
         }
         if self.at < answered {
             pto_core::Poll::Ready
@@ -392,7 +392,6 @@ impl pto_core::Condition for Answer {
 /// complete too.
 #[test]
 fn ordered_conditions_are_polled_one_per_queue_and_all_complete() {
-    use std::sync::atomic::{AtomicU64, Ordering};
     const N: u64 = 16;
     let chip = Chip::builder()
         .aic_cores(0)
