@@ -42,8 +42,9 @@ pub trait Condition: Send + Sync + 'static {
     /// `queue` identifies the queue (an address, say) and a condition holds only after every
     /// one of its queue with a smaller position held (the answers of one peer, taken in the
     /// order they were asked). While one of a queue is pending, a poll pass skips the later
-    /// ones of that queue, so a pass costs one poll per queue rather than one per waiting task.
-    /// `None` (the default): polled on every pass.
+    /// ones of that queue, so a pass costs one poll per queue rather than one per waiting task
+    /// (tasks waiting for one such condition each wait in their queue's line, which a pass
+    /// does not walk past its first pending task). `None` (the default): polled on every pass.
     fn order(&self) -> Option<(usize, u64)> {
         None
     }

@@ -446,3 +446,135 @@ fn ordered_conditions_are_polled_one_per_queue_and_all_complete() {
     let in_order = behind[0].load(Ordering::SeqCst);
     assert!(in_order <= N, "{in_order} polls behind a pending answer");
 }
+
+/// Kernel "answer": defers one [`Answer`] of queue `s0` at position `s1`, until deadline `s2` ms
+/// after it runs, and counts itself in `ran`.
+fn answer_kernel(
+    answered: Vec<Arc<AtomicU64>>,
+    behind: Arc<AtomicU64>,
+    ran: Arc<AtomicU64>,
+) -> KernelRegistry {
+    let mut k = KernelRegistry::new();
+    k.register("answer", CoreKind::Aiv, move |ctx| {
+        let (queue, at) = (ctx.scalar::<u64>(0)? as usize, ctx.scalar::<u64>(1)?);
+        let within = Duration::from_millis(ctx.scalar::<u64>(2)?);
+        ctx.defer_until(
+            Answer {
+                queue,
+                at,
+                answered: answered[queue].clone(),
+                behind: behind.clone(),
+            },
+            Instant::now() + within,
+        )?;
+        ran.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    })
+    .unwrap();
+    k
+}
+
+/// Many tasks that each wait for one answer of a queue (a Worker's chip tasks) wait in their
+/// queue's line: they all complete, submitted out of their positions' order too, and a pass
+/// polls the first of each line, not the tasks behind it.
+#[test]
+fn tasks_waiting_for_ordered_answers_all_complete_and_are_polled_in_line() {
+    const N: u64 = 32;
+    let chip = Chip::builder()
+        .aic_cores(0)
+        .aiv_cores(2)
+        .threads(2)
+        .build()
+        .unwrap();
+    let answered: Vec<Arc<AtomicU64>> = (0..2).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let (behind, ran) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let k = answer_kernel(answered.clone(), behind.clone(), ran.clone());
+    let (a2, b2) = (answered.clone(), behind.clone());
+    let answerer = std::thread::spawn(move || {
+        // Until every task registered, a line's first may be a later position than one still
+        // to come (queue 1 is submitted out of order): polls of it are not counted.
+        let t = Instant::now();
+        while ran.load(Ordering::SeqCst) < 2 * N && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        b2.store(0, Ordering::SeqCst);
+        for _ in 0..N {
+            std::thread::sleep(Duration::from_millis(1));
+            for a in &a2 {
+                a.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    let report = chip
+        .run(&Program::new("lines", k, |o| {
+            for i in 0..N {
+                // Queue 0 in order; queue 1 in pairs swapped (1, 0, 3, 2, ...).
+                for (q, at) in [(0, i), (1, i ^ 1)] {
+                    o.submit(
+                        "answer",
+                        TaskArgs::new()
+                            .scalar(q as u64)
+                            .scalar(at)
+                            .scalar(10_000u64)
+                            .deferred(),
+                    )?;
+                }
+            }
+            Ok(())
+        }))
+        .unwrap();
+    answerer.join().unwrap();
+    assert_eq!(report.stats.deferred, 2 * N);
+    assert_eq!(report.stats.tasks, 2 * N);
+    // The answers come over some 40 ms while the engine polls closely: polling every task on
+    // every pass would count thousands here; polling each line's first counts none.
+    let b = behind.load(Ordering::SeqCst);
+    assert!(b <= N, "{b} polls behind a pending answer");
+}
+
+/// A task behind a pending one in its line still fails at its own deadline, with its own
+/// condition named, long before the task ahead of it gives up.
+#[test]
+fn a_task_behind_a_pending_answer_fails_at_its_own_deadline() {
+    let answered: Vec<Arc<AtomicU64>> = vec![Arc::new(AtomicU64::new(0))];
+    let k = answer_kernel(
+        answered,
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let t = Instant::now();
+    let err = Chip::builder()
+        .build()
+        .unwrap()
+        .run(&Program::new("behind", k, |o| {
+            // Nobody answers: the first waits 2 s, the one behind it 50 ms.
+            for (at, ms) in [(0u64, 2_000u64), (1, 50)] {
+                o.submit(
+                    "answer",
+                    TaskArgs::new()
+                        .scalar(0u64)
+                        .scalar(at)
+                        .scalar(ms)
+                        .deferred(),
+                )?;
+            }
+            Ok(())
+        }))
+        .unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(10));
+    match &err {
+        RunError::TaskFailed {
+            failure, failed, ..
+        } => {
+            // The first failure is the later task's: found behind the first, at its deadline.
+            assert!(
+                failure.message.contains("answer 1 of queue 0")
+                    && failure.message.contains("deadline"),
+                "{err}"
+            );
+            assert_eq!(*failed, 2, "{err}");
+        }
+        other => panic!("{other}"),
+    }
+}

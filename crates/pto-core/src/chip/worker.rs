@@ -272,7 +272,7 @@ pub(crate) fn running_report(e: &Engine) -> (String, bool) {
     }
     let stuck = !v.is_empty();
     v.sort();
-    for w in &e.deferred.lock().waiting {
+    for w in e.deferred.lock().all_waiting() {
         let conds: Vec<String> = w.conds.iter().map(|(c, _)| c.describe()).collect();
         v.push(format!(
             "deferred task #{} waiting for [{}] and {} token post(s)",

@@ -3,6 +3,7 @@
 //! them (`try_lock`); none of it is on the path of ordinary tasks. See
 //! `docs/design/deferred-completion.md`.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use rustc_hash::FxHashMap;
@@ -24,10 +25,53 @@ pub(crate) struct Waiting {
     pub(crate) token_deadline: Option<Instant>,
 }
 
+impl Waiting {
+    /// The queue and position of a task that waits for one ordered condition and no token
+    /// (a chip task's answer): such tasks wait in their queue's [`Ordered`] line.
+    fn ordered(&self) -> Option<(usize, u64)> {
+        match self.conds.as_slice() {
+            [(c, _)] if self.tokens_expected == 0 => c.order(),
+            _ => None,
+        }
+    }
+}
+
+/// The tasks waiting for the conditions of one queue ([`Condition::order`]), by position: a
+/// pass polls the first until one is pending, and looks behind it only when a deadline may
+/// have passed there (or a token was posted), so its cost does not grow with the line.
+#[derive(Default)]
+pub(crate) struct Ordered {
+    line: VecDeque<(u64, Waiting)>,
+    /// No deadline in the line is earlier (it may be earlier than every one: it is lowered on
+    /// push and recomputed only by a look behind the first).
+    earliest: Option<Instant>,
+}
+
+impl Ordered {
+    fn push(&mut self, at: u64, w: Waiting) {
+        let deadline = w.conds[0].1;
+        self.earliest = Some(self.earliest.map_or(deadline, |e| e.min(deadline)));
+        // Tasks defer in about their order (each on the thread that posted it): search from
+        // the back.
+        let i = self
+            .line
+            .iter()
+            .rposition(|(a, _)| *a <= at)
+            .map_or(0, |i| i + 1);
+        self.line.insert(i, (at, w));
+    }
+}
+
 /// The deferred tasks of a run and the token posts seen.
 #[derive(Default)]
 pub(crate) struct DeferredState {
+    /// Waiting tasks, but those in [`DeferredState::ordered`].
     pub(crate) waiting: Vec<Waiting>,
+    /// Tasks that wait for one ordered condition, by queue (an emptied queue is kept for its
+    /// next task while there are at most [`KEPT_QUEUES`]).
+    pub(crate) ordered: FxHashMap<usize, Ordered>,
+    /// How many tasks wait in [`DeferredState::ordered`].
+    ordered_waiting: usize,
     /// Token posts per task id (kept when they come before the task registered, or existed):
     /// posts, and the first error status.
     pub(crate) tokens: FxHashMap<u64, (u32, Option<u64>)>,
@@ -37,11 +81,41 @@ pub(crate) struct DeferredState {
     pub(crate) stray: Vec<String>,
 }
 
-impl std::fmt::Debug for DeferredState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeferredState({} waiting)", self.waiting.len())
+impl DeferredState {
+    /// Every waiting task (for stall reports).
+    pub(crate) fn all_waiting(&self) -> impl Iterator<Item = &Waiting> {
+        self.waiting.iter().chain(
+            self.ordered
+                .values()
+                .flat_map(|o| o.line.iter().map(|(_, w)| w)),
+        )
+    }
+
+    fn is_empty(&self) -> bool {
+        self.waiting.is_empty() && self.ordered_waiting == 0
     }
 }
+
+impl std::fmt::Debug for DeferredState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeferredState({} waiting)", self.all_waiting().count())
+    }
+}
+
+/// What a pass polls besides the queues' first tasks and the completion queue: everything, or
+/// (right after a task deferred) that task and the few oldest.
+#[derive(Clone, Copy)]
+struct Only {
+    id: u64,
+    queue: Option<usize>,
+}
+
+/// Emptied queues of ordered conditions are kept (for their next task, without an allocation)
+/// while there are at most this many queues.
+const KEPT_QUEUES: usize = 64;
+
+/// Tasks a pass settles: slot, id, and the failure if any.
+type Settled = SmallVec<[(u32, u64, Option<String>); 4]>;
 
 /// How many of the oldest waiting tasks a task that defers polls besides its own conditions:
 /// the oldest are the likeliest to have completed, and polling them keeps completions flowing
@@ -69,21 +143,35 @@ impl Engine {
         self.deferred_count
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.slab.get(slot).set_state(super::slab::State::Deferred);
+        let w = Waiting {
+            slot,
+            id,
+            conds: regs.conds,
+            tokens_expected: regs.tokens,
+            token_deadline: regs.token_deadline,
+        };
+        let ordered = w.ordered();
         {
             let mut d = self.deferred.lock();
-            d.waiting.push(Waiting {
-                slot,
-                id,
-                conds: regs.conds,
-                tokens_expected: regs.tokens,
-                token_deadline: regs.token_deadline,
-            });
+            match ordered {
+                Some((q, at)) => {
+                    d.ordered.entry(q).or_default().push(at, w);
+                    d.ordered_waiting += 1;
+                }
+                None => d.waiting.push(w),
+            }
             self.has_waiting
                 .store(true, std::sync::atomic::Ordering::Release);
         }
         // The conditions may hold already: poll this task's (the others are the poller's; a
         // poll of every waiting task here would cost O(waiting) per deferred task).
-        self.poll_deferred(tid, Some(id));
+        self.poll_deferred(
+            tid,
+            Some(Only {
+                id,
+                queue: ordered.map(|o| o.0),
+            }),
+        );
         None
     }
 
@@ -122,8 +210,8 @@ impl Engine {
     }
 
     /// [`Engine::poll_async`]; when `only` is given, polling only that task's conditions and
-    /// those of the [`OLDEST_POLLED`] oldest waiting tasks.
-    fn poll_deferred(&self, tid: Option<usize>, only: Option<u64>) -> bool {
+    /// those of the [`OLDEST_POLLED`] oldest waiting tasks (and queues).
+    fn poll_deferred(&self, tid: Option<usize>, only: Option<Only>) -> bool {
         let Some(mut d) = self.deferred.try_lock() else {
             return false;
         };
@@ -133,7 +221,7 @@ impl Engine {
             progress = true;
         }
         let now = Instant::now();
-        let mut settled: SmallVec<[(u32, u64, Option<String>); 4]> = SmallVec::new();
+        let mut settled: Settled = SmallVec::new();
         let tracing = self.tracing.load(std::sync::atomic::Ordering::Relaxed);
         let mut held: Vec<(u64, crate::trace::Mark)> = Vec::new();
         let tokens = std::mem::take(&mut d.tokens);
@@ -142,7 +230,7 @@ impl Engine {
         let mut pending: SmallVec<[(usize, u64); 8]> = SmallVec::new();
         d.waiting.retain_mut(|w| {
             index += 1;
-            if only.is_some_and(|o| o != w.id) && index > OLDEST_POLLED {
+            if only.is_some_and(|o| o.id != w.id) && index > OLDEST_POLLED {
                 return true;
             }
             let (seen, token_error) = if tokens.is_empty() {
@@ -231,11 +319,12 @@ impl Engine {
             }
             true
         });
+        self.poll_ordered(&mut d, only, now, &tokens, &mut settled, &mut held);
         d.tokens = tokens;
         for (_, id, _) in &settled {
             d.tokens.remove(id);
         }
-        if d.waiting.is_empty() {
+        if d.is_empty() {
             self.has_waiting
                 .store(false, std::sync::atomic::Ordering::Release);
         }
@@ -260,6 +349,101 @@ impl Engine {
             }
         }
         progress
+    }
+
+    /// The queues' part of a pass: settles each queue's first tasks while their conditions
+    /// hold (or failed, or passed their deadline), and looks behind a pending one only when a
+    /// deadline there may have passed or a token was posted.
+    fn poll_ordered(
+        &self,
+        d: &mut DeferredState,
+        only: Option<Only>,
+        now: Instant,
+        tokens: &FxHashMap<u64, (u32, Option<u64>)>,
+        settled: &mut Settled,
+        held: &mut Vec<(u64, crate::trace::Mark)>,
+    ) {
+        let tracing = self.tracing.load(std::sync::atomic::Ordering::Relaxed);
+        // A task's answer, or `None` while it waits: a posted error status, its condition's
+        // poll, its deadline.
+        let mut answer = |w: &Waiting, first: bool| -> Option<Option<String>> {
+            if let Some(st) = tokens.get(&w.id).and_then(|t| t.1) {
+                return Some(Some(format!("its completion was posted with status {st}")));
+            }
+            let (c, deadline) = &w.conds[0];
+            if !first && now < *deadline {
+                return None;
+            }
+            match c.poll() {
+                Poll::Ready => {
+                    if let (true, Some(key)) = (tracing, c.trace_key()) {
+                        held.push((
+                            w.id,
+                            crate::trace::Mark {
+                                ts_us: crate::trace::now_us(),
+                                name: "wait",
+                                key,
+                            },
+                        ));
+                    }
+                    Some(None)
+                }
+                Poll::Pending if now >= *deadline => Some(Some(format!(
+                    "condition {} did not hold before its deadline",
+                    c.describe()
+                ))),
+                Poll::Pending => None,
+                Poll::Failed(m) => Some(Some(format!("condition {} failed: {m}", c.describe()))),
+            }
+        };
+        let mut emptied: SmallVec<[usize; 4]> = SmallVec::new();
+        let mut others = 0usize;
+        let before = settled.len();
+        for (&q, o) in d.ordered.iter_mut() {
+            if o.line.is_empty() {
+                emptied.push(q);
+                continue;
+            }
+            if let Some(only) = only {
+                if only.queue != Some(q) {
+                    if others >= OLDEST_POLLED {
+                        continue;
+                    }
+                    others += 1;
+                }
+            }
+            while let Some((_, w)) = o.line.front() {
+                let Some(failure) = answer(w, true) else {
+                    break;
+                };
+                settled.push((w.slot, w.id, failure));
+                o.line.pop_front();
+            }
+            if !tokens.is_empty() || o.earliest.is_some_and(|e| now >= e) {
+                let mut earliest: Option<Instant> = None;
+                o.line.retain(|(_, w)| match answer(w, false) {
+                    Some(failure) => {
+                        settled.push((w.slot, w.id, failure));
+                        false
+                    }
+                    None => {
+                        let dl = w.conds[0].1;
+                        earliest = Some(earliest.map_or(dl, |e| e.min(dl)));
+                        true
+                    }
+                });
+                o.earliest = earliest;
+            }
+            if o.line.is_empty() {
+                emptied.push(q);
+            }
+        }
+        d.ordered_waiting -= settled.len() - before;
+        if d.ordered.len() > KEPT_QUEUES {
+            for q in emptied {
+                d.ordered.remove(&q);
+            }
+        }
     }
 
     fn trace_deferred(&self, slot: u32, id: u64, marks: Vec<crate::trace::Mark>) {
