@@ -385,6 +385,39 @@ impl pto_core::Condition for Answer {
     }
 }
 
+/// A chip of two AIV cores on two threads.
+fn two_thread_chip() -> Chip {
+    Chip::builder()
+        .aic_cores(0)
+        .aiv_cores(2)
+        .threads(2)
+        .build()
+        .unwrap()
+}
+
+/// `n` shared atomics at 0.
+fn zeros(n: usize) -> Vec<Arc<AtomicU64>> {
+    (0..n).map(|_| Arc::new(AtomicU64::new(0))).collect()
+}
+
+/// A thread that runs `first`, then answers every queue of `answered` once a millisecond, `n`
+/// times.
+fn answer_in_turn(
+    answered: Vec<Arc<AtomicU64>>,
+    n: u64,
+    first: impl FnOnce() + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        first();
+        for _ in 0..n {
+            std::thread::sleep(Duration::from_millis(1));
+            for a in &answered {
+                a.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    })
+}
+
 /// Conditions that declare an order (`Condition::order`) are polled one per queue and pass
 /// while the earliest is pending: the later ones of the queue are not polled until it holds
 /// (here 16 answers come 1 ms apart while the engine polls closely: polled every pass, the
@@ -393,14 +426,9 @@ impl pto_core::Condition for Answer {
 #[test]
 fn ordered_conditions_are_polled_one_per_queue_and_all_complete() {
     const N: u64 = 16;
-    let chip = Chip::builder()
-        .aic_cores(0)
-        .aiv_cores(2)
-        .threads(2)
-        .build()
-        .unwrap();
-    let answered: Vec<Arc<AtomicU64>> = (0..2).map(|_| Arc::new(AtomicU64::new(0))).collect();
-    let behind: Vec<Arc<AtomicU64>> = (0..2).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let chip = two_thread_chip();
+    let answered = zeros(2);
+    let behind = zeros(2);
     let mut k = KernelRegistry::new();
     for (q, name) in ["in_order", "reversed"].into_iter().enumerate() {
         let (a, b) = (answered[q].clone(), behind[q].clone());
@@ -422,15 +450,8 @@ fn ordered_conditions_are_polled_one_per_queue_and_all_complete() {
         })
         .unwrap();
     }
-    let a2 = answered.clone();
-    let answerer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(10));
-        for _ in 0..N {
-            std::thread::sleep(Duration::from_millis(1));
-            for a in &a2 {
-                a.fetch_add(1, Ordering::SeqCst);
-            }
-        }
+    let answerer = answer_in_turn(answered.clone(), N, || {
+        std::thread::sleep(Duration::from_millis(10))
     });
     let report = chip
         .run(&Program::new("ordered", k, |o| {
@@ -480,17 +501,12 @@ fn answer_kernel(
 #[test]
 fn tasks_waiting_for_ordered_answers_all_complete_and_are_polled_in_line() {
     const N: u64 = 32;
-    let chip = Chip::builder()
-        .aic_cores(0)
-        .aiv_cores(2)
-        .threads(2)
-        .build()
-        .unwrap();
-    let answered: Vec<Arc<AtomicU64>> = (0..2).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let chip = two_thread_chip();
+    let answered = zeros(2);
     let (behind, ran) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let k = answer_kernel(answered.clone(), behind.clone(), ran.clone());
-    let (a2, b2) = (answered.clone(), behind.clone());
-    let answerer = std::thread::spawn(move || {
+    let b2 = behind.clone();
+    let answerer = answer_in_turn(answered.clone(), N, move || {
         // Until every task registered, a line's first may be a later position than one still
         // to come (queue 1 is submitted out of order): polls of it are not counted.
         let t = Instant::now();
@@ -499,12 +515,6 @@ fn tasks_waiting_for_ordered_answers_all_complete_and_are_polled_in_line() {
         }
         std::thread::sleep(Duration::from_millis(1));
         b2.store(0, Ordering::SeqCst);
-        for _ in 0..N {
-            std::thread::sleep(Duration::from_millis(1));
-            for a in &a2 {
-                a.fetch_add(1, Ordering::SeqCst);
-            }
-        }
     });
     let report = chip
         .run(&Program::new("lines", k, |o| {
@@ -537,12 +547,7 @@ fn tasks_waiting_for_ordered_answers_all_complete_and_are_polled_in_line() {
 /// condition named, long before the task ahead of it gives up.
 #[test]
 fn a_task_behind_a_pending_answer_fails_at_its_own_deadline() {
-    let answered: Vec<Arc<AtomicU64>> = vec![Arc::new(AtomicU64::new(0))];
-    let k = answer_kernel(
-        answered,
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicU64::new(0)),
-    );
+    let k = answer_kernel(zeros(1), zeros(1).remove(0), zeros(1).remove(0));
     let t = Instant::now();
     let err = Chip::builder()
         .build()

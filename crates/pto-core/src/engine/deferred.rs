@@ -110,6 +110,15 @@ struct Only {
     queue: Option<usize>,
 }
 
+/// What one poll pass looks at: see [`Only`]; the time it compares deadlines with; whether the
+/// run traces.
+#[derive(Clone, Copy)]
+struct Pass {
+    only: Option<Only>,
+    now: Instant,
+    tracing: bool,
+}
+
 /// Emptied queues of ordered conditions are kept (for their next task, without an allocation)
 /// while there are at most this many queues.
 const KEPT_QUEUES: usize = 64;
@@ -319,7 +328,8 @@ impl Engine {
             }
             true
         });
-        self.poll_ordered(&mut d, only, now, &tokens, &mut settled, &mut held);
+        let pass = Pass { only, now, tracing };
+        poll_ordered(&mut d, pass, &tokens, &mut settled, &mut held);
         d.tokens = tokens;
         for (_, id, _) in &settled {
             d.tokens.remove(id);
@@ -351,101 +361,6 @@ impl Engine {
         progress
     }
 
-    /// The queues' part of a pass: settles each queue's first tasks while their conditions
-    /// hold (or failed, or passed their deadline), and looks behind a pending one only when a
-    /// deadline there may have passed or a token was posted.
-    fn poll_ordered(
-        &self,
-        d: &mut DeferredState,
-        only: Option<Only>,
-        now: Instant,
-        tokens: &FxHashMap<u64, (u32, Option<u64>)>,
-        settled: &mut Settled,
-        held: &mut Vec<(u64, crate::trace::Mark)>,
-    ) {
-        let tracing = self.tracing.load(std::sync::atomic::Ordering::Relaxed);
-        // A task's answer, or `None` while it waits: a posted error status, its condition's
-        // poll, its deadline.
-        let mut answer = |w: &Waiting, first: bool| -> Option<Option<String>> {
-            if let Some(st) = tokens.get(&w.id).and_then(|t| t.1) {
-                return Some(Some(format!("its completion was posted with status {st}")));
-            }
-            let (c, deadline) = &w.conds[0];
-            if !first && now < *deadline {
-                return None;
-            }
-            match c.poll() {
-                Poll::Ready => {
-                    if let (true, Some(key)) = (tracing, c.trace_key()) {
-                        held.push((
-                            w.id,
-                            crate::trace::Mark {
-                                ts_us: crate::trace::now_us(),
-                                name: "wait",
-                                key,
-                            },
-                        ));
-                    }
-                    Some(None)
-                }
-                Poll::Pending if now >= *deadline => Some(Some(format!(
-                    "condition {} did not hold before its deadline",
-                    c.describe()
-                ))),
-                Poll::Pending => None,
-                Poll::Failed(m) => Some(Some(format!("condition {} failed: {m}", c.describe()))),
-            }
-        };
-        let mut emptied: SmallVec<[usize; 4]> = SmallVec::new();
-        let mut others = 0usize;
-        let before = settled.len();
-        for (&q, o) in d.ordered.iter_mut() {
-            if o.line.is_empty() {
-                emptied.push(q);
-                continue;
-            }
-            if let Some(only) = only {
-                if only.queue != Some(q) {
-                    if others >= OLDEST_POLLED {
-                        continue;
-                    }
-                    others += 1;
-                }
-            }
-            while let Some((_, w)) = o.line.front() {
-                let Some(failure) = answer(w, true) else {
-                    break;
-                };
-                settled.push((w.slot, w.id, failure));
-                o.line.pop_front();
-            }
-            if !tokens.is_empty() || o.earliest.is_some_and(|e| now >= e) {
-                let mut earliest: Option<Instant> = None;
-                o.line.retain(|(_, w)| match answer(w, false) {
-                    Some(failure) => {
-                        settled.push((w.slot, w.id, failure));
-                        false
-                    }
-                    None => {
-                        let dl = w.conds[0].1;
-                        earliest = Some(earliest.map_or(dl, |e| e.min(dl)));
-                        true
-                    }
-                });
-                o.earliest = earliest;
-            }
-            if o.line.is_empty() {
-                emptied.push(q);
-            }
-        }
-        d.ordered_waiting -= settled.len() - before;
-        if d.ordered.len() > KEPT_QUEUES {
-            for q in emptied {
-                d.ordered.remove(&q);
-            }
-        }
-    }
-
     fn trace_deferred(&self, slot: u32, id: u64, marks: Vec<crate::trace::Mark>) {
         let s = self.slab.get(slot);
         let start = f64::from_bits(s.first_start.load(std::sync::atomic::Ordering::Relaxed));
@@ -471,6 +386,98 @@ impl Engine {
                 deferred: true,
                 marks,
             });
+        }
+    }
+}
+
+/// The queues' part of a pass: settles each queue's first tasks while their conditions
+/// hold (or failed, or passed their deadline), and looks behind a pending one only when a
+/// deadline there may have passed or a token was posted.
+fn poll_ordered(
+    d: &mut DeferredState,
+    Pass { only, now, tracing }: Pass,
+    tokens: &FxHashMap<u64, (u32, Option<u64>)>,
+    settled: &mut Settled,
+    held: &mut Vec<(u64, crate::trace::Mark)>,
+) {
+    // A task's answer, or `None` while it waits: a posted error status, its condition's
+    // poll, its deadline.
+    let mut answer = |w: &Waiting, first: bool| -> Option<Option<String>> {
+        if let Some(st) = tokens.get(&w.id).and_then(|t| t.1) {
+            return Some(Some(format!("its completion was posted with status {st}")));
+        }
+        let (c, deadline) = &w.conds[0];
+        if !first && now < *deadline {
+            return None;
+        }
+        match c.poll() {
+            Poll::Ready => {
+                if let (true, Some(key)) = (tracing, c.trace_key()) {
+                    held.push((
+                        w.id,
+                        crate::trace::Mark {
+                            ts_us: crate::trace::now_us(),
+                            name: "wait",
+                            key,
+                        },
+                    ));
+                }
+                Some(None)
+            }
+            Poll::Pending if now >= *deadline => Some(Some(format!(
+                "condition {} did not hold before its deadline",
+                c.describe()
+            ))),
+            Poll::Pending => None,
+            Poll::Failed(m) => Some(Some(format!("condition {} failed: {m}", c.describe()))),
+        }
+    };
+    let mut emptied: SmallVec<[usize; 4]> = SmallVec::new();
+    let mut others = 0usize;
+    let before = settled.len();
+    for (&q, o) in d.ordered.iter_mut() {
+        if o.line.is_empty() {
+            emptied.push(q);
+            continue;
+        }
+        if let Some(only) = only {
+            if only.queue != Some(q) {
+                if others >= OLDEST_POLLED {
+                    continue;
+                }
+                others += 1;
+            }
+        }
+        while let Some((_, w)) = o.line.front() {
+            let Some(failure) = answer(w, true) else {
+                break;
+            };
+            settled.push((w.slot, w.id, failure));
+            o.line.pop_front();
+        }
+        if !tokens.is_empty() || o.earliest.is_some_and(|e| now >= e) {
+            let mut earliest: Option<Instant> = None;
+            o.line.retain(|(_, w)| match answer(w, false) {
+                Some(failure) => {
+                    settled.push((w.slot, w.id, failure));
+                    false
+                }
+                None => {
+                    let dl = w.conds[0].1;
+                    earliest = Some(earliest.map_or(dl, |e| e.min(dl)));
+                    true
+                }
+            });
+            o.earliest = earliest;
+        }
+        if o.line.is_empty() {
+            emptied.push(q);
+        }
+    }
+    d.ordered_waiting -= settled.len() - before;
+    if d.ordered.len() > KEPT_QUEUES {
+        for q in emptied {
+            d.ordered.remove(&q);
         }
     }
 }
