@@ -40,7 +40,7 @@ impl Waiting {
 /// pass polls the first until one is pending, and looks behind it only when a deadline may
 /// have passed there (or a token was posted), so its cost does not grow with the line.
 #[derive(Default)]
-pub(crate) struct Ordered {
+struct Ordered {
     line: VecDeque<(u64, Waiting)>,
     /// No deadline in the line is earlier (it may be earlier than every one: it is lowered on
     /// push and recomputed only by a look behind the first).
@@ -69,7 +69,7 @@ pub(crate) struct DeferredState {
     pub(crate) waiting: Vec<Waiting>,
     /// Tasks that wait for one ordered condition, by queue (an emptied queue is kept for its
     /// next task while there are at most [`KEPT_QUEUES`]).
-    pub(crate) ordered: FxHashMap<usize, Ordered>,
+    ordered: FxHashMap<usize, Ordered>,
     /// How many tasks wait in [`DeferredState::ordered`].
     ordered_waiting: usize,
     /// Token posts per task id (kept when they come before the task registered, or existed):
