@@ -24,7 +24,7 @@ use crate::geometry::{overlap, Overlap, Region};
 
 mod tiles;
 
-use tiles::{tile_access, Found, Tile, Tiles};
+use tiles::{tile_access, Found, Tile, TileRegion, Tiles};
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -189,7 +189,7 @@ impl BufIndex {
         // In address order, so that the sides are sorted as they are built.
         for &(_, _, i) in &tiles.order {
             let t = &tiles.tiles[i as usize];
-            let region = *pool.get(t.region);
+            let region = t.region.get(t.start, t.end, pool);
             for (write, list) in [(false, &t.readers[..]), (true, &t.writers[..])] {
                 let side = &mut self.sides[usize::from(write)];
                 for &task in list {
@@ -208,7 +208,7 @@ impl BufIndex {
             }
         }
         for t in &tiles.tiles {
-            pool.free.push(t.region);
+            t.region.free(&mut pool.free);
         }
     }
 
@@ -230,7 +230,9 @@ impl BufIndex {
                 break;
             }
             let t = &tiles.tiles[i as usize];
-            if !probe.contig && overlap(region, pool.get(t.region)) == Overlap::Disjoint {
+            if !probe.contig
+                && overlap(region, &t.region.get(t.start, t.end, pool)) == Overlap::Disjoint
+            {
                 continue;
             }
             let readers = if write { &t.readers[..] } else { &[] };
@@ -502,7 +504,7 @@ impl TensorMap {
             let i = match found {
                 Found::Tile(i) => Some(i),
                 Found::New(at) => {
-                    let r = self.pool.put(region);
+                    let r = TileRegion::keep(region, probe.start, probe.end, &mut self.pool);
                     Some(tiles.insert(at, probe.start, probe.end, r))
                 }
                 Found::Clash => None,
@@ -659,7 +661,7 @@ impl TensorMap {
                 if tiles.tiles.iter().any(Tile::is_empty) {
                     tiles.tiles.retain(|t| {
                         if t.is_empty() {
-                            free.push(t.region);
+                            t.region.free(free);
                         }
                         !t.is_empty()
                     });

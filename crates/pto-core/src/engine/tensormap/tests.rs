@@ -133,3 +133,61 @@ proptest! {
         }
     }
 }
+
+/// A tile keeps a plain one-dimensional region as a run rebuilt from its bytes, any other in
+/// the pool; either way its region reads back exactly, the lattice test of a strided lookup
+/// still tells disjoint elements apart, and turning the buffer general keeps every dependency.
+#[test]
+fn tile_regions_read_back_exactly_and_keep_their_dependencies() {
+    let mut m = TensorMap::default();
+    let live = |_: TaskRef| Liveness::Live;
+    let task = |n: u64| TaskRef {
+        slot: n as u32,
+        id: n,
+    };
+    // Tasks 0..4 write elements 0..4 of an i64 vector (runs); task 4 writes element 7 through a
+    // stride-3 view of one element (contiguous, but not a run: pooled).
+    let mut regions = Vec::new();
+    for i in 0..4 {
+        regions.push(Region::contiguous(DType::I64, i, &[1]));
+    }
+    regions.push(Region::checked(DType::I64, 7, &[1], &[3]).unwrap());
+    for (n, r) in regions.iter().enumerate() {
+        let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+        m.access(7, r, &Probe::of(r), true, task(n as u64), live, &mut deps);
+        assert!(deps.is_empty(), "task {n}: {deps:?}");
+    }
+    let (pool, tiles) = {
+        let i = m.bufs[&7] as usize;
+        (&m.pool, m.indexes[i].tiles.as_ref().expect("still tiled"))
+    };
+    assert_eq!(pool.regions.len(), 1, "only the strided element is pooled");
+    for (t, r) in tiles.tiles.iter().zip(&regions) {
+        assert_eq!(t.region.get(t.start, t.end, pool), *r);
+    }
+    // Elements 0, 3, 6 and 9: the pooled tile (element 7, same strides) is told apart by the
+    // lattice, the runs only by their bytes (other strides: conservatively every run the
+    // extent reaches).
+    let probe = Region::checked(DType::I64, 0, &[4], &[3]).unwrap();
+    let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+    m.lookup(7, &probe, &Probe::of(&probe), false, live, &mut deps);
+    let mut ids: Vec<u64> = deps.iter().map(|d| d.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![0, 1, 2, 3]);
+    // A read of elements 1..3 overlaps two tiles partly: the buffer turns general, and a
+    // write of elements 0..8 then depends on every writer and that reader.
+    let r = Region::contiguous(DType::I64, 1, &[2]);
+    let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+    m.access(7, &r, &Probe::of(&r), false, task(5), live, &mut deps);
+    let i = m.bufs[&7] as usize;
+    assert!(m.indexes[i].tiles.is_none(), "turned general");
+    let mut ids: Vec<u64> = deps.iter().map(|d| d.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![1, 2]);
+    let all = Region::contiguous(DType::I64, 0, &[8]);
+    let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+    m.access(7, &all, &Probe::of(&all), true, task(6), live, &mut deps);
+    let mut ids: Vec<u64> = deps.iter().map(|d| d.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![0, 1, 2, 3, 4, 5]);
+}

@@ -4,8 +4,10 @@
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use super::Liveness;
+use super::{Liveness, RegionPool};
+use crate::dtype::DType;
 use crate::engine::TaskRef;
+use crate::geometry::Region;
 
 /// The tasks that access one tile of a tiled buffer: the writers (the last one, plus writers
 /// that failed, which keep poisoning) and the readers since the last write.
@@ -13,14 +15,67 @@ use crate::engine::TaskRef;
 pub(super) struct Tile {
     pub(super) start: usize,
     pub(super) end: usize,
-    /// The tile's region, in the map's pool (for overlap tests of host lookups with gaps, and
-    /// for turning the buffer general).
-    pub(super) region: u32,
+    /// The tile's region (for overlap tests of host lookups with gaps, and for turning the
+    /// buffer general).
+    pub(super) region: TileRegion,
     pub(super) writers: SmallVec<[TaskRef; 1]>,
     pub(super) readers: SmallVec<[TaskRef; 3]>,
     /// Retired readers are dropped when `readers` reaches this length (a tile read by many
     /// tasks between two writes, as a fan's source).
     pub(super) prune_at: usize,
+}
+
+/// Where a tile's region is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TileRegion {
+    /// A one-dimensional run of elements of this dtype over the tile's bytes, rebuilt from
+    /// them (most tiles: a fan over the elements of a vector adds one per task, and then
+    /// neither a region is copied into the pool nor its slot freed).
+    Run(DType),
+    /// Any other region: its index in the map's pool.
+    Pooled(u32),
+}
+
+impl TileRegion {
+    /// How a tile over bytes `[s, e)` keeps `region`: as a run when rebuilding it gives the
+    /// same region exactly, else in `pool`.
+    pub(super) fn keep(region: &Region, s: usize, e: usize, pool: &mut RegionPool) -> TileRegion {
+        let d = region.dtype();
+        // `run` gives one dimension, stride 1 and the padding `Region::contiguous` writes;
+        // with those, the offset and the length follow from the bytes (the tile's bytes are
+        // this region's).
+        if region.ndims == 1 && region.strides == RUN_STRIDES && region.shape[1..] == RUN_SHAPE {
+            debug_assert_eq!(run(d, s, e), *region);
+            TileRegion::Run(d)
+        } else {
+            TileRegion::Pooled(pool.put(region))
+        }
+    }
+
+    /// The region of a tile over bytes `[s, e)`.
+    pub(super) fn get(self, s: usize, e: usize, pool: &RegionPool) -> Region {
+        match self {
+            TileRegion::Run(d) => run(d, s, e),
+            TileRegion::Pooled(i) => *pool.get(i),
+        }
+    }
+
+    /// Gives a pooled region's slot back.
+    pub(super) fn free(self, free: &mut Vec<u32>) {
+        if let TileRegion::Pooled(i) = self {
+            free.push(i);
+        }
+    }
+}
+
+/// The strides, and the shape past the first dimension, of a [`run`].
+const RUN_STRIDES: [usize; crate::geometry::MAX_DIMS] = [1, 0, 0, 0, 0];
+const RUN_SHAPE: [usize; crate::geometry::MAX_DIMS - 1] = [1, 1, 1, 1];
+
+/// The one-dimensional contiguous region of dtype `d` over bytes `[s, e)`.
+fn run(d: DType, s: usize, e: usize) -> Region {
+    let sz = d.size();
+    Region::contiguous(d, s / sz, &[(e - s) / sz])
 }
 
 /// The least reader count at which a tile prunes its retired readers.
@@ -134,7 +189,7 @@ impl Tiles {
         }
     }
 
-    pub(super) fn insert(&mut self, at: usize, s: usize, e: usize, region: u32) -> usize {
+    pub(super) fn insert(&mut self, at: usize, s: usize, e: usize, region: TileRegion) -> usize {
         let i = self.tiles.len();
         self.tiles.push(Tile {
             start: s,
