@@ -80,6 +80,16 @@ impl Region {
         }
     }
 
+    /// True when this is a region [`Region::contiguous`] makes for one dimension (stride 1,
+    /// and that constructor's padding of the unused dimensions), which its dtype and byte
+    /// range therefore rebuild exactly.
+    pub(crate) fn is_run(&self) -> bool {
+        self.ndims == 1
+            && self.strides[0] == 1
+            && self.strides[1..].iter().all(|&s| s == 0)
+            && self.shape[1..].iter().all(|&n| n == 1)
+    }
+
     pub(crate) fn checked(
         dtype: DType,
         offset: usize,

@@ -41,10 +41,8 @@ impl TileRegion {
     /// same region exactly, else in `pool`.
     pub(super) fn keep(region: &Region, s: usize, e: usize, pool: &mut RegionPool) -> TileRegion {
         let d = region.dtype();
-        // `run` gives one dimension, stride 1 and the padding `Region::contiguous` writes;
-        // with those, the offset and the length follow from the bytes (the tile's bytes are
-        // this region's).
-        if region.ndims == 1 && region.strides == RUN_STRIDES && region.shape[1..] == RUN_SHAPE {
+        // The tile's bytes are this region's, so a run's offset and length follow from them.
+        if region.is_run() {
             debug_assert_eq!(run(d, s, e), *region);
             TileRegion::Run(d)
         } else {
@@ -67,10 +65,6 @@ impl TileRegion {
         }
     }
 }
-
-/// The strides, and the shape past the first dimension, of a [`run`].
-const RUN_STRIDES: [usize; crate::geometry::MAX_DIMS] = [1, 0, 0, 0, 0];
-const RUN_SHAPE: [usize; crate::geometry::MAX_DIMS - 1] = [1, 1, 1, 1];
 
 /// The one-dimensional contiguous region of dtype `d` over bytes `[s, e)`.
 fn run(d: DType, s: usize, e: usize) -> Region {
