@@ -24,7 +24,7 @@ use crate::geometry::{overlap, Overlap, Region};
 
 mod tiles;
 
-use tiles::{tile_access, Found, Tile, TileRegion, Tiles};
+use tiles::{Found, TileRegion, Tiles};
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -146,7 +146,7 @@ impl Default for BufIndex {
 impl BufIndex {
     fn is_empty(&self) -> bool {
         match &self.tiles {
-            Some(t) => t.tiles.iter().all(Tile::is_empty),
+            Some(t) => t.len() == 0,
             None => self.sides.iter().all(Side::is_empty),
         }
     }
@@ -155,11 +155,7 @@ impl BufIndex {
     /// it starts tiled again.
     fn reset(&mut self) {
         match &mut self.tiles {
-            Some(t) => {
-                t.tiles.clear();
-                t.by_start.clear();
-                t.order.clear();
-            }
+            Some(t) => t.clear(),
             None => self.tiles = Some(Tiles::default()),
         }
         for side in &mut self.sides {
@@ -172,9 +168,7 @@ impl BufIndex {
     /// Bounds the memory an emptied index keeps.
     fn trim(&mut self) {
         if let Some(t) = &mut self.tiles {
-            t.tiles.shrink_to(KEEP);
-            t.order.shrink_to(KEEP);
-            t.by_start.shrink_to(KEEP);
+            t.trim(KEEP);
         }
         for side in &mut self.sides {
             side.entries.shrink_to(KEEP);
@@ -190,7 +184,8 @@ impl BufIndex {
         for &(_, _, i) in &tiles.order {
             let t = &tiles.tiles[i as usize];
             let region = t.region.get(t.start, t.end, pool);
-            for (write, list) in [(false, &t.readers[..]), (true, &t.writers[..])] {
+            let (writers, readers) = tiles.tasks(i as usize);
+            for (write, list) in [(false, readers), (true, &writers[..])] {
                 let side = &mut self.sides[usize::from(write)];
                 for &task in list {
                     *seq += 1;
@@ -235,12 +230,7 @@ impl BufIndex {
             {
                 continue;
             }
-            let readers = if write { &t.readers[..] } else { &[] };
-            for &x in t.writers.iter().chain(readers) {
-                if live(x) != Liveness::Retired {
-                    deps.push(x);
-                }
-            }
+            tiles.deps(i as usize, write, &mut live, deps);
         }
     }
 
@@ -511,8 +501,7 @@ impl TensorMap {
             };
             if let Some(i) = i {
                 tiles.last = i;
-                let t = &mut tiles.tiles[i];
-                self.entries -= tile_access(t, write, task, live, deps);
+                self.entries -= tiles.access(i, write, task, live, deps);
                 self.entries += 1;
                 return;
             }
@@ -641,37 +630,7 @@ impl TensorMap {
         self.bufs.retain(|_, &mut i| {
             let idx = &mut indexes[i as usize];
             if let Some(tiles) = &mut idx.tiles {
-                for t in &mut tiles.tiles {
-                    // Most tiles hold one writer and no reader (or nothing): no list pass.
-                    match t.writers[..] {
-                        [] => {}
-                        [w] => {
-                            if live(w) == Liveness::Retired {
-                                t.writers.clear();
-                            }
-                        }
-                        _ => t.writers.retain(|x| live(*x) != Liveness::Retired),
-                    }
-                    if !t.readers.is_empty() {
-                        t.readers.retain(|x| live(*x) != Liveness::Retired);
-                    }
-                    t.next_prune();
-                    left += t.writers.len() + t.readers.len();
-                }
-                if tiles.tiles.iter().any(Tile::is_empty) {
-                    tiles.tiles.retain(|t| {
-                        if t.is_empty() {
-                            t.region.free(free);
-                        }
-                        !t.is_empty()
-                    });
-                    tiles.by_start.clear();
-                    tiles.order.clear();
-                    for (i, t) in tiles.tiles.iter().enumerate() {
-                        tiles.order.push((t.start, t.end, i as u32));
-                    }
-                    tiles.order.sort_unstable();
-                }
+                left += tiles.sweep(&mut live, free);
                 let kept = !tiles.tiles.is_empty();
                 return keep(idx, i, kept);
             }
@@ -701,11 +660,7 @@ impl TensorMap {
             .map(|&i| {
                 let b = &self.indexes[i as usize];
                 match &b.tiles {
-                    Some(t) => t
-                        .tiles
-                        .iter()
-                        .map(|t| t.writers.len() + t.readers.len())
-                        .sum::<usize>(),
+                    Some(t) => t.len(),
                     None => b.sides.iter().map(|s| s.entries.len() - s.dead).sum(),
                 }
             })

@@ -59,10 +59,22 @@ proptest! {
     /// tasks, and sweeps: every needed dependency is found and none is invented, and the
     /// live-entry count that triggers sweeps matches the entries actually held.
     #[test]
-    fn dependencies_and_entry_count_match_a_model(steps in steps()) {
+    fn dependencies_and_entry_count_match_a_model(steps in steps(), tiled in any::<bool>()) {
+        // Half the cases keep to four tiles of four elements per buffer (and some empty
+        // accesses), so that buffers stay tiled and tiles are read and written again.
+        let steps: Vec<Step> = if tiled {
+            steps
+                .iter()
+                .map(|&(b, off, len, w, r, f)| (b, off / 4 * 4, if len == 0 { 0 } else { 4 }, w, r, f))
+                .collect()
+        } else {
+            steps
+        };
         let mut m = TensorMap::default();
         // Task `i`'s fate: None while live, Some(failed) once retired.
         let mut fate: Vec<Option<bool>> = Vec::new();
+        // The first step that saw task `i` retired.
+        let mut seen_retired: Vec<usize> = Vec::new();
         let mut retired = 0;
         for (n, &(buf, off, len, write, retire, fail)) in steps.iter().enumerate() {
             let r = Region::contiguous(DType::F32, off, &[len]);
@@ -111,6 +123,23 @@ proptest! {
                 prop_assert!(pw || write, "read {} depends on read {}", n, d.id);
                 prop_assert!(not_retired(d.id as usize), "task {} depends on retired {}", n, d.id);
             }
+            // A task that failed keeps poisoning: every later access that conflicts with it
+            // depends on it, unless a write covered its bytes while it was still live.
+            for (id, &(pb, po, pl, pw, _, _)) in steps[..n].iter().enumerate() {
+                let p = bytes(po, pl);
+                if fate[id] != Some(true) || pb != buf || !(pw || write) || p.is_empty() || here.is_empty()
+                    || p.end <= here.start || here.end <= p.start {
+                    continue;
+                }
+                let covered = steps[id + 1..n].iter().enumerate().any(|(k, w)| {
+                    let (m, wr) = (id + 1 + k, bytes(w.1, w.2));
+                    w.0 == buf && w.3 && wr.start <= p.start && p.end <= wr.end
+                        && m < seen_retired[id]
+                });
+                if !covered {
+                    must.insert(id);
+                }
+            }
             for id in must {
                 prop_assert!(deps.iter().any(|d| d.id == id as u64),
                     "task {} misses its dependency on task {} (deps {:?})", n, id, deps);
@@ -118,6 +147,7 @@ proptest! {
             for _ in 0..retire {
                 if retired < n {
                     fate[retired] = Some(fail && retired % 3 == 0);
+                    seen_retired.push(n + 1);
                     retired += 1;
                 }
             }

@@ -1,5 +1,6 @@
 //! The tiles of a tiled buffer (see the parent module): each distinct contiguous byte range
-//! one [`Tile`] holding its last writer and the readers since, found without a search.
+//! one [`Tile`] holding its last writer (its readers beside it), found without a search. See
+//! `docs/design/dependency-engine.md`.
 
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -9,8 +10,10 @@ use crate::dtype::DType;
 use crate::engine::TaskRef;
 use crate::geometry::Region;
 
-/// The tasks that access one tile of a tiled buffer: the writers (the last one, plus writers
-/// that failed, which keep poisoning) and the readers since the last write.
+/// One tile of a tiled buffer: its bytes, its region, and its last writer, all a tile needs
+/// while it is written once (a fan's outputs) or updated in place (a chain); readers and
+/// writers that failed live in a [`TileExtra`] beside it, so that a tile stays a few words
+/// (cheap to create, to visit in a sweep and to move when the sweep drops its neighbours).
 #[derive(Debug)]
 pub(super) struct Tile {
     pub(super) start: usize,
@@ -18,12 +21,38 @@ pub(super) struct Tile {
     /// The tile's region (for overlap tests of host lookups with gaps, and for turning the
     /// buffer general).
     pub(super) region: TileRegion,
-    pub(super) writers: SmallVec<[TaskRef; 1]>,
-    pub(super) readers: SmallVec<[TaskRef; 3]>,
+    /// The index of the tile's [`TileExtra`] in [`Tiles::extras`], or [`NO_EXTRA`].
+    extra: u32,
+    /// The last writer, or [`NO_TASK`].
+    writer: TaskRef,
+}
+
+/// A tile's readers since its last write, and the writers before it that failed (they keep
+/// poisoning every later access).
+#[derive(Debug, Default)]
+pub(super) struct TileExtra {
+    failed: SmallVec<[TaskRef; 1]>,
+    readers: SmallVec<[TaskRef; 3]>,
     /// Retired readers are dropped when `readers` reaches this length (a tile read by many
     /// tasks between two writes, as a fan's source).
-    pub(super) prune_at: usize,
+    prune_at: usize,
 }
+
+impl TileExtra {
+    /// The next prune comes when the readers left now have doubled.
+    fn next_prune(&mut self) {
+        self.prune_at = (2 * self.readers.len()).max(MIN_PRUNE);
+    }
+}
+
+/// [`Tile::extra`] of a tile with no readers and no failed writers.
+const NO_EXTRA: u32 = u32::MAX;
+
+/// [`Tile::writer`] of a tile with no writer.
+const NO_TASK: TaskRef = TaskRef {
+    slot: u32::MAX,
+    id: u64::MAX,
+};
 
 /// Where a tile's region is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,18 +102,7 @@ fn run(d: DType, s: usize, e: usize) -> Region {
 }
 
 /// The least reader count at which a tile prunes its retired readers.
-pub(super) const MIN_PRUNE: usize = 8;
-
-impl Tile {
-    /// The next prune comes when the readers left now have doubled.
-    pub(super) fn next_prune(&mut self) {
-        self.prune_at = (2 * self.readers.len()).max(MIN_PRUNE);
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.writers.is_empty() && self.readers.is_empty()
-    }
-}
+const MIN_PRUNE: usize = 8;
 
 /// The tiles of a tiled buffer: pairwise disjoint, non-empty, contiguous byte ranges.
 #[derive(Debug)]
@@ -104,6 +122,13 @@ pub(super) struct Tiles {
     /// invalidated: first bytes are unique among tiles, so an index whose tile starts at the
     /// byte asked for is right however old it is.
     pub(super) near: [u32; NEAR],
+    /// The tiles' [`TileExtra`]s, by index; those listed in `free_extras` belong to no tile
+    /// (emptied, their memory kept).
+    extras: Vec<TileExtra>,
+    free_extras: Vec<u32>,
+    /// Scratch of a sweep: each tile's new index (so that `order` is renumbered in place,
+    /// without a sort).
+    remap: Vec<u32>,
 }
 
 impl Default for Tiles {
@@ -114,6 +139,9 @@ impl Default for Tiles {
             order: Vec::new(),
             last: 0,
             near: [0; NEAR],
+            extras: Vec::new(),
+            free_extras: Vec::new(),
+            remap: Vec::new(),
         }
     }
 }
@@ -189,73 +217,257 @@ impl Tiles {
             start: s,
             end: e,
             region,
-            writers: SmallVec::new(),
-            readers: SmallVec::new(),
-            prune_at: MIN_PRUNE,
+            extra: NO_EXTRA,
+            writer: NO_TASK,
         });
         self.order.insert(at, (s, e, i as u32));
         i
     }
-}
 
-/// A tiled buffer's access to exactly tile `t`: a read depends on the writers, a write on the
-/// writers and readers (which it covers: the live ones leave). Returns the entries removed.
-pub(super) fn tile_access(
-    t: &mut Tile,
-    write: bool,
-    task: TaskRef,
-    mut live: impl FnMut(TaskRef) -> Liveness,
-    deps: &mut SmallVec<[TaskRef; 8]>,
-) -> usize {
-    // Counted as they go (the common paths take no length of a small vector).
-    let mut removed = 0;
-    if write {
-        // Every entry is a dependency unless retired; none stays unless it failed (it
-        // poisons every later access).
-        let mut failed = false;
-        for &x in t.writers.iter().chain(&t.readers) {
-            removed += 1;
-            match live(x) {
-                Liveness::Retired => {}
-                Liveness::Live => deps.push(x),
-                Liveness::RetiredFailed => {
-                    deps.push(x);
-                    failed = true;
+    /// Tile `i`'s extra, given one (a recycled one when at hand) if it has none.
+    fn extra_mut(&mut self, i: usize) -> &mut TileExtra {
+        let mut x = self.tiles[i].extra;
+        if x == NO_EXTRA {
+            x = match self.free_extras.pop() {
+                Some(x) => x,
+                None => {
+                    self.extras.push(TileExtra {
+                        prune_at: MIN_PRUNE,
+                        ..TileExtra::default()
+                    });
+                    // Tiles are far fewer than u32::MAX.
+                    (self.extras.len() - 1) as u32
                 }
-            }
+            };
+            self.tiles[i].extra = x;
         }
-        if failed {
-            t.writers.retain(|x| live(*x) == Liveness::RetiredFailed);
-            t.readers.retain(|x| live(*x) == Liveness::RetiredFailed);
-            removed -= t.writers.len() + t.readers.len();
-        } else {
-            t.writers.clear();
-            t.readers.clear();
+        &mut self.extras[x as usize]
+    }
+
+    /// Tile `i`'s entries: its writers (the last one and those that failed) and its readers.
+    pub(super) fn tasks(&self, i: usize) -> (SmallVec<[TaskRef; 2]>, &[TaskRef]) {
+        let t = &self.tiles[i];
+        let mut writers = SmallVec::new();
+        let mut readers: &[TaskRef] = &[];
+        if let Some(x) = self.extras.get(t.extra as usize) {
+            writers.extend_from_slice(&x.failed);
+            readers = &x.readers;
         }
-        t.writers.push(task);
-    } else {
-        // A retired writer leaves; the others are dependencies.
-        let mut retired = false;
-        for &x in &t.writers {
-            if live(x) == Liveness::Retired {
-                retired = true;
-            } else {
+        if t.writer != NO_TASK {
+            writers.push(t.writer);
+        }
+        (writers, readers)
+    }
+
+    /// How many entries tile `i` holds.
+    pub(super) fn entries(&self, i: usize) -> usize {
+        let t = &self.tiles[i];
+        let x = self
+            .extras
+            .get(t.extra as usize)
+            .map_or(0, |x| x.failed.len() + x.readers.len());
+        usize::from(t.writer != NO_TASK) + x
+    }
+
+    /// Every tile's entries.
+    pub(super) fn len(&self) -> usize {
+        (0..self.tiles.len()).map(|i| self.entries(i)).sum()
+    }
+
+    /// Forgets every tile, keeping the memory (up to `keep` tiles' worth once trimmed).
+    pub(super) fn clear(&mut self) {
+        self.tiles.clear();
+        self.by_start.clear();
+        self.order.clear();
+        self.extras.clear();
+        self.free_extras.clear();
+    }
+
+    /// Bounds the memory an emptied set of tiles keeps.
+    pub(super) fn trim(&mut self, keep: usize) {
+        self.tiles.shrink_to(keep);
+        self.order.shrink_to(keep);
+        self.by_start.shrink_to(keep);
+        self.extras.shrink_to(keep);
+        self.free_extras.shrink_to(keep);
+        self.remap.shrink_to(keep);
+    }
+
+    /// The dependencies of a lookup that overlaps tile `i` (a read's: its writers; a write's:
+    /// its readers too), nothing removed.
+    pub(super) fn deps(
+        &self,
+        i: usize,
+        write: bool,
+        mut live: impl FnMut(TaskRef) -> Liveness,
+        deps: &mut SmallVec<[TaskRef; 8]>,
+    ) {
+        let (writers, readers) = self.tasks(i);
+        let readers = if write { readers } else { &[] };
+        for &x in writers.iter().chain(readers) {
+            if live(x) != Liveness::Retired {
                 deps.push(x);
             }
         }
-        if retired {
-            let before = t.writers.len();
-            t.writers.retain(|x| live(*x) != Liveness::Retired);
-            removed += before - t.writers.len();
-        }
-        if t.readers.len() >= t.prune_at {
-            let before = t.readers.len();
-            t.readers.retain(|x| live(*x) != Liveness::Retired);
-            removed += before - t.readers.len();
-            t.next_prune();
-        }
-        t.readers.push(task);
     }
-    // The new entry is counted by the caller.
-    removed
+
+    /// An access to exactly tile `i`: a read depends on the writers, a write on the writers
+    /// and readers (which it covers: the live ones leave). Returns the entries removed.
+    pub(super) fn access(
+        &mut self,
+        i: usize,
+        write: bool,
+        task: TaskRef,
+        mut live: impl FnMut(TaskRef) -> Liveness,
+        deps: &mut SmallVec<[TaskRef; 8]>,
+    ) -> usize {
+        let t = &mut self.tiles[i];
+        let w = t.writer;
+        let mut removed = 0;
+        if write {
+            t.writer = task;
+            // Every entry is a dependency unless retired; none stays unless it failed (it
+            // poisons every later access).
+            let mut failed = false;
+            if w != NO_TASK {
+                removed += 1;
+                match live(w) {
+                    Liveness::Retired => {}
+                    Liveness::Live => deps.push(w),
+                    Liveness::RetiredFailed => {
+                        deps.push(w);
+                        failed = true;
+                    }
+                }
+            }
+            let Some(x) = self.extras.get_mut(t.extra as usize) else {
+                if failed {
+                    self.extra_mut(i).failed.push(w);
+                    removed -= 1;
+                }
+                return removed;
+            };
+            let mut others = false;
+            for &y in x.failed.iter().chain(&x.readers) {
+                removed += 1;
+                match live(y) {
+                    Liveness::Retired => {}
+                    Liveness::Live => deps.push(y),
+                    Liveness::RetiredFailed => {
+                        deps.push(y);
+                        others = true;
+                    }
+                }
+            }
+            if others {
+                x.failed.retain(|y| live(*y) == Liveness::RetiredFailed);
+                x.readers.retain(|y| live(*y) == Liveness::RetiredFailed);
+                removed -= x.failed.len() + x.readers.len();
+            } else {
+                x.failed.clear();
+                x.readers.clear();
+            }
+            if failed {
+                x.failed.push(w);
+                removed -= 1;
+            }
+            return removed;
+        }
+        // A read. A retired writer leaves; the others are dependencies.
+        if w != NO_TASK {
+            if live(w) == Liveness::Retired {
+                t.writer = NO_TASK;
+                removed += 1;
+            } else {
+                deps.push(w);
+            }
+        }
+        let x = self.extra_mut(i);
+        if !x.failed.is_empty() {
+            for &y in &x.failed {
+                if live(y) != Liveness::Retired {
+                    deps.push(y);
+                }
+            }
+            let before = x.failed.len();
+            x.failed.retain(|y| live(*y) != Liveness::Retired);
+            removed += before - x.failed.len();
+        }
+        if x.readers.len() >= x.prune_at {
+            let before = x.readers.len();
+            x.readers.retain(|y| live(*y) != Liveness::Retired);
+            removed += before - x.readers.len();
+            x.next_prune();
+        }
+        x.readers.push(task);
+        // The new entry is counted by the caller.
+        removed
+    }
+
+    /// Drops every entry of a task that retired normally, then every tile left empty (its
+    /// pooled region back to `free`); returns the entries left. `order` keeps its order: its
+    /// indices are renumbered, not sorted again.
+    pub(super) fn sweep(
+        &mut self,
+        mut live: impl FnMut(TaskRef) -> Liveness,
+        free: &mut Vec<u32>,
+    ) -> usize {
+        let mut left = 0;
+        let mut emptied = 0;
+        for t in &mut self.tiles {
+            // Most tiles hold one writer and nothing else: no extra to visit.
+            if t.writer != NO_TASK && live(t.writer) == Liveness::Retired {
+                t.writer = NO_TASK;
+            }
+            let mut n = usize::from(t.writer != NO_TASK);
+            if let Some(x) = self.extras.get_mut(t.extra as usize) {
+                if !x.failed.is_empty() {
+                    x.failed.retain(|y| live(*y) != Liveness::Retired);
+                }
+                if !x.readers.is_empty() {
+                    x.readers.retain(|y| live(*y) != Liveness::Retired);
+                }
+                x.next_prune();
+                n += x.failed.len() + x.readers.len();
+            }
+            left += n;
+            emptied += usize::from(n == 0);
+        }
+        if emptied == 0 {
+            return left;
+        }
+        let Tiles {
+            tiles,
+            by_start,
+            order,
+            extras,
+            free_extras,
+            remap,
+            ..
+        } = self;
+        remap.clear();
+        let mut kept = 0u32;
+        tiles.retain(|t| {
+            let x = extras.get(t.extra as usize);
+            let empty = t.writer == NO_TASK
+                && x.is_none_or(|x| x.failed.is_empty() && x.readers.is_empty());
+            if empty {
+                t.region.free(free);
+                if x.is_some() {
+                    free_extras.push(t.extra);
+                }
+                remap.push(u32::MAX);
+            } else {
+                remap.push(kept);
+                kept += 1;
+            }
+            !empty
+        });
+        order.retain_mut(|o| {
+            o.2 = remap[o.2 as usize];
+            o.2 != u32::MAX
+        });
+        by_start.clear();
+        left
+    }
 }
