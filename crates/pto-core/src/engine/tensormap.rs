@@ -312,10 +312,11 @@ pub(crate) struct Probe {
 impl Probe {
     /// [`Region::byte_range`] and [`Region::is_contiguous`] in one pass over the dimensions
     /// (one per tensor argument of every task).
+    #[inline(always)]
     pub(crate) fn of(region: &Region) -> Probe {
-        let sz = region.dtype().size();
         if region.ndims == 1 {
-            // One dimension (most views of a tiled program's vectors): no loop.
+            // One dimension (most views of a tiled program's vectors): no loop, no call.
+            let sz = region.dtype().size();
             let (n, st) = (region.shape[0], region.strides[0]);
             let start = region.offset * sz;
             let end = if n == 0 {
@@ -329,6 +330,12 @@ impl Probe {
                 contig: n == 1 || st == 1,
             };
         }
+        Probe::of_dims(region)
+    }
+
+    /// [`Probe::of`] of a region of several dimensions.
+    fn of_dims(region: &Region) -> Probe {
+        let sz = region.dtype().size();
         if region.ndims == 2 {
             // Two dimensions (tiles of a matrix): the loop below, unrolled.
             let ([n0, n1, ..], [s0, s1, ..]) = (region.shape, region.strides);
