@@ -148,7 +148,11 @@ pub enum RunError {
     #[error("orchestration failed: {0}")]
     Orchestration(OrchError),
     /// No task finished for too long.
-    #[error("run stalled: no task finished for {waited:?}; running: {running}")]
+    #[error(
+        "run stalled: no task finished for {waited:?}; running: {running} (a kernel that truly \
+         runs longer needs a longer stall timeout: PTO_STALL_TIMEOUT_MS or \
+         ChipBuilder::stall_timeout)"
+    )]
     Stalled {
         /// How long.
         waited: Duration,

@@ -122,7 +122,9 @@ impl ChildHandle {
                 child,
                 FailKind::NoAnswer,
                 format!(
-                    "{what} got no answer within {waited:.1?} (busy in code that never returns?)"
+                    "{what} got no answer within {waited:.1?} (busy in code that never returns? \
+                     a chip task that truly runs longer needs a longer timeout: \
+                     PTO_WAIT_TIMEOUT_MS or WorkerBuilder::timeout)"
                 ),
             ),
         }
