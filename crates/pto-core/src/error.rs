@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::args::TaskId;
 use crate::buffer::AllocError;
 use crate::dtype::DType;
-use crate::geometry::MAX_DIMS;
+use crate::geometry::{MAX_DIMS, MAX_DIM_LEN};
 use crate::kernel::{CoreId, CoreKind, RegistryError};
 
 /// Why a task failed: which task, kernel, core and block, and the message.
@@ -203,6 +203,17 @@ pub enum TensorError {
         needed: usize,
         /// The buffer's length.
         len: usize,
+    },
+    /// A dimension's size or stride (in elements) is larger than [`MAX_DIM_LEN`]: regions keep
+    /// them in 32 bits.
+    #[error("dimension {dim}'s {what} is {value} elements; at most {MAX_DIM_LEN} are supported")]
+    DimTooLarge {
+        /// `"size"`, `"stride"` or `"row-major stride"`.
+        what: &'static str,
+        /// The dimension.
+        dim: usize,
+        /// The value asked for.
+        value: usize,
     },
     /// Sizes overflow `usize`.
     #[error("tensor size overflows")]

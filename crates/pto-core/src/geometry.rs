@@ -12,17 +12,26 @@ use crate::error::TensorError;
 /// The most dimensions a tensor may have.
 pub const MAX_DIMS: usize = 5;
 
+/// The largest size of one dimension, and the largest element stride, a view may have
+/// (`u32::MAX`): a region keeps them in 32 bits, as upstream's tensors do, which keeps the
+/// records the engine moves between threads small. A tensor may still span more elements in
+/// all (its offset and extent are `usize`).
+pub const MAX_DIM_LEN: usize = u32::MAX as usize;
+
+mod dims;
 mod intersect;
+pub use dims::Dims;
 pub use intersect::intersects;
 
 /// The geometry of a view: dtype, shape, element strides and element offset. `Copy`, so it can be
-/// stored in tables and shared memory.
+/// stored in tables and shared memory. 56 bytes: shapes and strides are 32-bit (at most
+/// [`MAX_DIM_LEN`]); read them as [`Dims`] of `usize`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Region {
     pub(crate) dtype: DType,
     pub(crate) ndims: u8,
-    pub(crate) shape: [usize; MAX_DIMS],
-    pub(crate) strides: [usize; MAX_DIMS],
+    pub(crate) shape: [u32; MAX_DIMS],
+    pub(crate) strides: [u32; MAX_DIMS],
     pub(crate) offset: usize,
 }
 
@@ -50,14 +59,31 @@ pub enum Overlap {
     Partial,
 }
 
-pub(crate) fn row_major_strides(shape: &[usize]) -> [usize; MAX_DIMS] {
+/// Row-major element strides of `shape` (unused dimensions 0), or the first dimension whose
+/// size or stride is larger than [`MAX_DIM_LEN`].
+pub(crate) fn row_major_strides(shape: &[usize]) -> Result<[u32; MAX_DIMS], TensorError> {
     let mut s = [0; MAX_DIMS];
     let mut acc = 1usize;
-    for i in (0..shape.len().min(MAX_DIMS)).rev() {
-        s[i] = acc;
-        acc = acc.saturating_mul(shape[i].max(1));
+    for dim in (0..shape.len().min(MAX_DIMS)).rev() {
+        s[dim] = narrow(acc, "row-major stride", dim)?;
+        narrow(shape[dim], "size", dim)?;
+        acc = acc.saturating_mul(shape[dim].max(1));
     }
-    s
+    Ok(s)
+}
+
+/// `value` as the 32-bit field a region keeps it in.
+pub(crate) fn narrow(value: usize, what: &'static str, dim: usize) -> Result<u32, TensorError> {
+    u32::try_from(value).map_err(|_| TensorError::DimTooLarge { what, dim, value })
+}
+
+/// Checks that a shape has 1 to [`MAX_DIMS`] dimensions and a row-major layout whose
+/// dimensions and strides fit in [`MAX_DIM_LEN`].
+pub(crate) fn check_shape(shape: &[usize]) -> Result<(), TensorError> {
+    if shape.is_empty() || shape.len() > MAX_DIMS {
+        return Err(TensorError::BadRank { ndims: shape.len() });
+    }
+    row_major_strides(shape).map(|_| ())
 }
 
 impl Region {
@@ -65,17 +91,21 @@ impl Region {
     ///
     /// # Panics
     ///
-    /// If `shape` has more than [`MAX_DIMS`] dimensions (an internal helper; public builders
+    /// If `shape` has more than [`MAX_DIMS`] dimensions or does not fit (an internal helper
+    /// for shapes [`check_shape`] or a smaller region already checked; public builders
     /// validate first).
     pub(crate) fn contiguous(dtype: DType, offset: usize, shape: &[usize]) -> Region {
         assert!(shape.len() <= MAX_DIMS);
+        let strides = row_major_strides(shape).expect("a checked shape");
         let mut sh = [1; MAX_DIMS];
-        sh[..shape.len()].copy_from_slice(shape);
+        for (d, &n) in sh.iter_mut().zip(shape) {
+            *d = n as u32;
+        }
         Region {
             dtype,
             ndims: shape.len() as u8,
             shape: sh,
-            strides: row_major_strides(shape),
+            strides,
             offset,
         }
     }
@@ -96,20 +126,49 @@ impl Region {
         shape: &[usize],
         strides: &[usize],
     ) -> Result<Region, TensorError> {
-        if shape.is_empty() || shape.len() > MAX_DIMS || strides.len() != shape.len() {
+        if strides.len() != shape.len() {
             return Err(TensorError::BadRank {
                 ndims: shape.len().max(strides.len()),
             });
         }
+        check_shape(shape)?;
         let mut r = Region::contiguous(dtype, offset, shape);
         for (i, &s) in strides.iter().enumerate() {
             if s == 0 {
                 return Err(TensorError::ZeroStride { dim: i });
             }
-            r.strides[i] = s;
+            r.strides[i] = narrow(s, "stride", i)?;
         }
         r.byte_end().ok_or(TensorError::Overflow)?;
         Ok(r)
+    }
+
+    /// Sets the stride of dimension `i` to `s` elements.
+    pub(crate) fn set_stride(&mut self, i: usize, s: usize) -> Result<(), TensorError> {
+        self.strides[i] = narrow(s, "stride", i)?;
+        Ok(())
+    }
+
+    /// Dimension `i`'s size.
+    #[inline]
+    pub(crate) fn dim(&self, i: usize) -> usize {
+        self.shape[i] as usize
+    }
+
+    /// Dimension `i`'s stride.
+    #[inline]
+    pub(crate) fn stride(&self, i: usize) -> usize {
+        self.strides[i] as usize
+    }
+
+    /// The used dimensions as `(size, stride)` pairs.
+    #[inline]
+    pub(crate) fn dims(&self) -> impl DoubleEndedIterator<Item = (usize, usize)> + '_ {
+        let n = usize::from(self.ndims);
+        self.shape[..n]
+            .iter()
+            .zip(&self.strides[..n])
+            .map(|(&a, &b)| (a as usize, b as usize))
     }
 
     /// The element type.
@@ -118,13 +177,18 @@ impl Region {
     }
 
     /// The shape.
-    pub fn shape(&self) -> &[usize] {
-        &self.shape[..usize::from(self.ndims)]
+    pub fn shape(&self) -> Dims {
+        Dims::new(&self.shape, self.ndims)
     }
 
     /// Element strides.
-    pub fn strides(&self) -> &[usize] {
-        &self.strides[..usize::from(self.ndims)]
+    pub fn strides(&self) -> Dims {
+        Dims::new(&self.strides, self.ndims)
+    }
+
+    /// The number of dimensions.
+    pub fn ndims(&self) -> usize {
+        usize::from(self.ndims)
     }
 
     /// Element offset of the first element.
@@ -134,14 +198,14 @@ impl Region {
 
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.shape().iter().product()
+        self.dims().map(|(n, _)| n).product()
     }
 
     /// Elements from the first to one past the last that the view touches (0 for an empty view).
     pub fn extent(&self) -> usize {
         // One pass (this runs for argument pairs of every submitted task).
         let mut last = 0;
-        for (&n, &s) in self.shape().iter().zip(self.strides()) {
+        for (n, s) in self.dims() {
             if n == 0 {
                 return 0;
             }
@@ -154,7 +218,7 @@ impl Region {
         let mut ext = 0usize;
         if self.numel() > 0 {
             ext = 1;
-            for (&n, &s) in self.shape().iter().zip(self.strides()) {
+            for (n, s) in self.dims() {
                 ext = ext.checked_add((n - 1).checked_mul(s)?)?;
             }
         }
@@ -175,11 +239,11 @@ impl Region {
     /// True when the elements are laid out row-major without gaps.
     pub fn is_contiguous(&self) -> bool {
         let mut acc = 1;
-        for i in (0..usize::from(self.ndims)).rev() {
-            if self.shape[i] != 1 && self.strides[i] != acc {
+        for (n, s) in self.dims().rev() {
+            if n != 1 && s != acc {
                 return false;
             }
-            acc *= self.shape[i];
+            acc *= n;
         }
         true
     }
@@ -191,6 +255,7 @@ impl Region {
         let mut c = [0; MAX_DIMS];
         let mut o = self.offset;
         for (ci, &s) in c.iter_mut().zip(&self.strides[..n]) {
+            let s = s as usize;
             *ci = o / s;
             o %= s;
         }
@@ -198,8 +263,8 @@ impl Region {
         // the stride of dim i-1.
         let mut tail = o;
         for i in (1..n).rev() {
-            tail += (c[i] + self.shape[i] - 1) * self.strides[i];
-            if tail >= self.strides[i - 1] {
+            tail += (c[i] + self.dim(i) - 1) * self.stride(i);
+            if tail >= self.stride(i - 1) {
                 return None;
             }
         }
@@ -235,7 +300,8 @@ pub fn overlap(a: &Region, b: &Region) -> Overlap {
             Overlap::Partial
         };
     }
-    if a.dtype != b.dtype || a.ndims != b.ndims || a.strides() != b.strides() {
+    let n = a.ndims();
+    if a.dtype != b.dtype || a.ndims != b.ndims || a.strides[..n] != b.strides[..n] {
         return Overlap::Partial;
     }
     let (Some((ca, ra)), Some((cb, rb))) = (a.lattice(), b.lattice()) else {
@@ -246,8 +312,8 @@ pub fn overlap(a: &Region, b: &Region) -> Overlap {
     }
     let mut covers = true;
     for i in 0..usize::from(a.ndims) {
-        let (lo_a, hi_a) = (ca[i], ca[i] + a.shape[i]);
-        let (lo_b, hi_b) = (cb[i], cb[i] + b.shape[i]);
+        let (lo_a, hi_a) = (ca[i], ca[i] + a.dim(i));
+        let (lo_b, hi_b) = (cb[i], cb[i] + b.dim(i));
         if hi_a <= lo_b || hi_b <= lo_a {
             return Overlap::Disjoint;
         }
@@ -259,3 +325,7 @@ pub fn overlap(a: &Region, b: &Region) -> Overlap {
         Overlap::Partial
     }
 }
+
+// The engine moves regions between threads inside every task's argument records; keep them to
+// the 56 bytes the 32-bit dimensions allow.
+const _: () = assert!(std::mem::size_of::<Region>() == 56);

@@ -614,11 +614,12 @@ impl<'a> KernelCtx<'a> {
 
     pub(crate) fn chunk_region(&self, t: &Tensor) -> Region {
         let mut r = *t.region();
-        let range = self.block_range(r.shape[0]);
+        let range = self.block_range(r.dim(0));
         if !range.is_empty() {
-            r.offset += range.start * r.strides[0];
+            r.offset += range.start * r.stride(0);
         }
-        r.shape[0] = range.len();
+        // A part of dimension 0: fits.
+        r.shape[0] = range.len() as u32;
         r
     }
 

@@ -81,6 +81,8 @@ pub use kernel::{
 };
 pub use pto_shm::ring::{Completion, CompletionQueue, HeapQueue, QueueFull};
 pub use pto_shm::Fault;
-pub use tensor::{intersects, overlap, Overlap, Region, Tensor, TensorError, MAX_DIMS};
+pub use tensor::{
+    intersects, overlap, Dims, Overlap, Region, Tensor, TensorError, MAX_DIMS, MAX_DIM_LEN,
+};
 pub use trace::{Trace, TraceEvent};
 pub use view::{RawView, TensorMut, TensorRef};

@@ -79,11 +79,8 @@ impl Tensor {
         shape: &[usize],
         offset: usize,
     ) -> Result<Tensor, TensorError> {
-        if shape.is_empty() || shape.len() > MAX_DIMS {
-            return Err(TensorError::BadRank { ndims: shape.len() });
-        }
-        let strides = row_major_strides(shape);
-        Self::strided(buffer, dtype, shape, &strides[..shape.len()], offset)
+        check_shape(shape)?;
+        Self::fit(buffer, Region::contiguous(dtype, offset, shape), None)
     }
 
     /// A view with explicit element strides.
@@ -117,12 +114,36 @@ impl Tensor {
         })
     }
 
+    /// Checks that `shape` can be a tensor's shape: 1 to [`MAX_DIMS`] dimensions, each
+    /// dimension and each row-major stride at most [`MAX_DIM_LEN`] elements. The constructors
+    /// check it too; call it to reject a shape before allocating memory for it elsewhere.
+    ///
+    /// ```
+    /// use pto_core::{Tensor, TensorError};
+    /// assert!(Tensor::check_shape(&[1024, 1024]).is_ok());
+    /// assert!(matches!(Tensor::check_shape(&[]), Err(TensorError::BadRank { ndims: 0 })));
+    /// assert!(matches!(
+    ///     Tensor::check_shape(&[1 << 33]),
+    ///     Err(TensorError::DimTooLarge { dim: 0, .. })
+    /// ));
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TensorError::BadRank`] or [`TensorError::DimTooLarge`].
+    pub fn check_shape(shape: &[usize]) -> Result<(), TensorError> {
+        check_shape(shape)
+    }
+
     /// A zero-filled tensor in a buffer of its own.
     ///
     /// # Errors
     ///
-    /// A bad rank, or a size that cannot be allocated.
+    /// A bad rank, a dimension larger than [`MAX_DIM_LEN`], or a size that cannot be
+    /// allocated.
     pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor, TensorError> {
+        // Before allocating: a shape the region cannot hold fails without touching memory.
+        check_shape(shape)?;
         let numel = shape
             .iter()
             .try_fold(1usize, |a, &n| a.checked_mul(n))
@@ -160,13 +181,18 @@ impl Tensor {
     }
 
     /// The shape.
-    pub fn shape(&self) -> &[usize] {
+    pub fn shape(&self) -> Dims {
         self.region.shape()
     }
 
     /// Element strides.
-    pub fn strides(&self) -> &[usize] {
+    pub fn strides(&self) -> Dims {
         self.region.strides()
+    }
+
+    /// The number of dimensions.
+    pub fn ndims(&self) -> usize {
+        self.region.ndims()
     }
 
     /// Number of elements.
@@ -211,19 +237,21 @@ impl Tensor {
             let end = offsets[i]
                 .checked_add(shape[i])
                 .ok_or(TensorError::Overflow)?;
-            if end > self.region.shape[i] {
+            if end > self.region.dim(i) {
                 return Err(TensorError::OutOfRange {
                     what: "view",
                     detail: format!(
                         "dimension {i}: {}..{end} exceeds size {}",
-                        offsets[i], self.region.shape[i]
+                        offsets[i],
+                        self.region.dim(i)
                     ),
                 });
             }
             if shape[i] > 0 {
-                r.offset += offsets[i] * r.strides[i];
+                r.offset += offsets[i] * r.stride(i);
             }
-            r.shape[i] = shape[i];
+            // At most the old size: fits.
+            r.shape[i] = shape[i] as u32;
         }
         // Every element of the box is an element of this tensor, which fits its buffer: no
         // need to check again (a view per task is common in orchestration loops).
@@ -248,7 +276,7 @@ impl Tensor {
         step: usize,
     ) -> Result<Tensor, TensorError> {
         let n = usize::from(self.region.ndims);
-        if dim >= n || step == 0 || start > end || end > self.region.shape[dim] {
+        if dim >= n || step == 0 || start > end || end > self.region.dim(dim) {
             return Err(TensorError::OutOfRange {
                 what: "slice",
                 detail: format!(
@@ -260,10 +288,15 @@ impl Tensor {
         let mut r = self.region;
         let len = (end - start).div_ceil(step);
         if len > 0 {
-            r.offset += start * r.strides[dim];
+            r.offset += start * r.stride(dim);
         }
-        r.shape[dim] = len;
-        r.strides[dim] *= step;
+        // At most the old size: fits.
+        r.shape[dim] = len as u32;
+        if len > 1 {
+            // (One element or none: the step never applies, and any step is fine.)
+            let stride = r.stride(dim).checked_mul(step);
+            r.set_stride(dim, stride.ok_or(TensorError::Overflow)?)?;
+        }
         self.derive(r)
     }
 
@@ -284,9 +317,7 @@ impl Tensor {
         if !self.is_contiguous() {
             return Err(err("tensor is not contiguous"));
         }
-        if shape.is_empty() || shape.len() > MAX_DIMS {
-            return Err(TensorError::BadRank { ndims: shape.len() });
-        }
+        check_shape(shape)?;
         self.derive(Region::contiguous(
             self.region.dtype,
             self.region.offset,
@@ -347,8 +378,8 @@ impl Tensor {
 }
 
 pub use crate::error::TensorError;
-use crate::geometry::row_major_strides;
-pub use crate::geometry::{intersects, overlap, Overlap, Region};
+use crate::geometry::check_shape;
+pub use crate::geometry::{intersects, overlap, Dims, Overlap, Region, MAX_DIM_LEN};
 
 #[cfg(test)]
 mod tests;

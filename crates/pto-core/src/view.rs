@@ -32,8 +32,8 @@ struct Offsets {
 impl Offsets {
     fn new(region: &Region) -> Offsets {
         Offsets {
-            shape: region.shape,
-            strides: region.strides,
+            shape: region.shape().padded(),
+            strides: region.strides().padded(),
             ndims: usize::from(region.ndims),
             idx: [0; crate::tensor::MAX_DIMS],
             off: 0,
@@ -106,7 +106,7 @@ fn flat_offset(region: &Region, index: &[usize]) -> Option<usize> {
         return None;
     }
     let mut off = 0;
-    for ((&i, &n), &s) in index.iter().zip(region.shape()).zip(region.strides()) {
+    for (&i, (n, s)) in index.iter().zip(region.dims()) {
         if i >= n {
             return None;
         }
@@ -309,11 +309,11 @@ impl<'a, T: Element> TensorMut<'a, T> {
 macro_rules! geometry_methods {
     () => {
         /// The shape.
-        pub fn shape(&self) -> &[usize] {
+        pub fn shape(&self) -> $crate::Dims {
             self.region.shape()
         }
         /// Element strides.
-        pub fn strides(&self) -> &[usize] {
+        pub fn strides(&self) -> $crate::Dims {
             self.region.strides()
         }
         /// Number of elements.

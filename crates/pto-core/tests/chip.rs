@@ -728,6 +728,17 @@ fn bad_submissions_are_errors_and_lose_nothing() {
         }))
         .unwrap_err();
     assert!(err.to_string().contains("1 to 5 dimensions"), "{err}");
+    // A dimension a region cannot hold is named before any ring memory is sought.
+    let err = chip()
+        .run(&program(|o| {
+            o.submit("nop", TaskArgs::new().output(&[2, 1 << 32], DType::U8))
+                .map(|_| ())
+        }))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("dimension 1's size is 4294967296"),
+        "{err}"
+    );
     let no_aic = Chip::builder().aic_cores(0).aiv_cores(1).build().unwrap();
     let err = no_aic
         .run(&program(|o| {

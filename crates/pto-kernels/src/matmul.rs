@@ -18,7 +18,7 @@ fn check_shapes(ctx: &KernelCtx<'_>) -> Result<(usize, usize), KernelError> {
             ctx.kernel_name()
         ))
     };
-    match (a, b, c) {
+    match (a.as_slice(), b.as_slice(), c.as_slice()) {
         (&[m, k], &[k2, n], &[cm, cn]) => {
             if k != k2 {
                 Err(fail(&format!(

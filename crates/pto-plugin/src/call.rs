@@ -318,7 +318,7 @@ impl<'c, 'k> KernelCall<'c, 'k> {
         };
         for (i, (s, t)) in v.shape().iter().zip(v.strides()).enumerate() {
             out.shape[i] = *s as u64;
-            out.strides[i] = *t as u64;
+            out.strides[i] = t as u64;
         }
         Ok(out)
     }

@@ -81,7 +81,9 @@ use std::time::Duration;
 
 use pto_comm::check::{CheckReport, Checker};
 use pto_comm::shm::ShmWorld;
-use pto_core::{Chip, DType, KernelRegistry, OrchError, Program, RunOptions, RunReport, Tensor};
+use pto_core::{
+    Chip, DType, KernelRegistry, OrchError, Program, RunOptions, RunReport, Tensor, TensorError,
+};
 
 use frame::Outcome;
 use host::HostState;
@@ -255,9 +257,15 @@ impl Drop for CheckFiles {
 ///
 /// A bad shape or no space in `/dev/shm`.
 pub fn shared_tensor(shape: &[usize], dtype: DType) -> Result<Tensor, WorkerError> {
-    let n: usize = shape.iter().product::<usize>() * dtype.size();
+    let bad = |e: TensorError| WorkerError::Args(e.to_string());
+    Tensor::check_shape(shape).map_err(bad)?;
+    let n = shape
+        .iter()
+        .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
+        .ok_or(TensorError::Overflow)
+        .map_err(bad)?;
     let buf = shared::shared_buffer(n).map_err(|e| WorkerError::Args(e.to_string()))?;
-    Tensor::new(buf, dtype, shape, 0).map_err(|e| WorkerError::Args(e.to_string()))
+    Tensor::new(buf, dtype, shape, 0).map_err(bad)
 }
 
 /// What a successful run did.

@@ -200,9 +200,9 @@ fn frame(
             t.dtype(),
             ctx.mode(i)?,
             t.shape()
-                .iter()
+                .into_iter()
                 .zip(t.strides())
-                .map(|(&s, &st)| (s as u64, st as u64)),
+                .map(|(s, st)| (s as u64, st as u64)),
         );
     }
     Ok(e.finish(user.iter().map(|s| (s.bits(), s.dtype()))))

@@ -542,6 +542,18 @@ fn host_staging_loads_and_stores_window_buffers() -> Result<(), Failed> {
         matches!(&r, Err(WorkerError::Args(m)) if m.contains("64 bytes")),
         "{r:?}"
     );
+    // Shapes no tensor can have are refused before a segment is made (or a size overflows).
+    for (shape, want) in [
+        (&[usize::MAX, 2][..], "dimension 0's size"),
+        (&[1, 1 << 33][..], "dimension 1's size"),
+        (&[][..], "1 to 5 dimensions"),
+    ] {
+        let r = pto_worker::shared_tensor(shape, DType::U32);
+        assert!(
+            matches!(&r, Err(WorkerError::Args(m)) if m.contains(want)),
+            "{shape:?}: {r:?}"
+        );
+    }
     drop(host);
     no_residue()
 }

@@ -20,8 +20,9 @@ use super::{Engine, RunStats, TaskRef, NUM_RINGS, TOKEN_TASK_BITS};
 use crate::args::{ArgMode, OutInit, TaskArgs, TaskId, TensorArg};
 use crate::buffer::Buffer;
 use crate::error::{OrchError, TaskFailure};
+use crate::geometry::check_shape;
 use crate::kernel::Kernel;
-use crate::tensor::{Lease, Origin, Region, Tensor, TensorError, MAX_DIMS};
+use crate::tensor::{Lease, Origin, Region, Tensor, TensorError};
 
 /// Ring sizing for one run.
 #[derive(Clone)]
@@ -267,9 +268,7 @@ impl Orchestrator {
             match a {
                 TensorArg::Existing(t, _) => t.check_live()?,
                 TensorArg::Create { shape, dtype, .. } => {
-                    if shape.is_empty() || shape.len() > MAX_DIMS {
-                        return Err(TensorError::BadRank { ndims: shape.len() }.into());
-                    }
+                    check_shape(shape)?;
                     let n = shape
                         .iter()
                         .try_fold(dtype.size(), |a, &d| a.checked_mul(d))

@@ -317,7 +317,7 @@ impl Probe {
         if region.ndims == 1 {
             // One dimension (most views of a tiled program's vectors): no loop, no call.
             let sz = region.dtype().size();
-            let (n, st) = (region.shape[0], region.strides[0]);
+            let (n, st) = (region.dim(0), region.stride(0));
             let start = region.offset * sz;
             let end = if n == 0 {
                 start
@@ -339,6 +339,7 @@ impl Probe {
         if region.ndims == 2 {
             // Two dimensions (tiles of a matrix): the loop below, unrolled.
             let ([n0, n1, ..], [s0, s1, ..]) = (region.shape, region.strides);
+            let (n0, n1, s0, s1) = (n0 as usize, n1 as usize, s0 as usize, s1 as usize);
             let start = region.offset * sz;
             let end = if n0 == 0 || n1 == 0 {
                 start
@@ -351,10 +352,9 @@ impl Probe {
                 contig: (n1 == 1 || s1 == 1) && (n0 == 1 || s0 == n1),
             };
         }
-        let (shape, strides) = (region.shape(), region.strides());
         // Innermost first: contiguous while each stride is the product of the inner extents.
         let (mut ext, mut acc, mut contig, mut empty) = (0usize, 1usize, true, false);
-        for (&n, &st) in shape.iter().zip(strides).rev() {
+        for (n, st) in region.dims().rev() {
             if n == 0 {
                 empty = true;
             } else {

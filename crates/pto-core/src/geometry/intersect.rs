@@ -29,11 +29,9 @@ impl Runs {
     fn of(r: &Region) -> Runs {
         let sz = r.dtype.size();
         let mut dims: SmallVec<[(usize, usize); 5]> = r
-            .shape()
-            .iter()
-            .zip(r.strides())
-            .filter(|(&n, _)| n > 1)
-            .map(|(&n, &s)| (n, s * sz))
+            .dims()
+            .filter(|&(n, _)| n > 1)
+            .map(|(n, s)| (n, s * sz))
             .collect();
         dims.sort_by_key(|d| std::cmp::Reverse(d.1));
         let mut run = sz;

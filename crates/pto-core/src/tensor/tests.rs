@@ -70,8 +70,59 @@ fn bad_geometry_is_an_error() {
     );
     assert_eq!(
         Tensor::strided(b.clone(), DType::U8, &[2], &[usize::MAX], 0).unwrap_err(),
-        TensorError::Overflow
+        TensorError::DimTooLarge {
+            what: "stride",
+            dim: 0,
+            value: usize::MAX
+        }
     );
+    assert_eq!(
+        Tensor::strided(b.clone(), DType::U8, &[2, 2], &[1 << 32, 1], 0).unwrap_err(),
+        TensorError::DimTooLarge {
+            what: "stride",
+            dim: 0,
+            value: 1 << 32
+        }
+    );
+    // Checked before any allocation: these would need 8 and 32 GiB.
+    assert_eq!(
+        Tensor::zeros(&[1, 1 << 33], DType::U8).unwrap_err(),
+        TensorError::DimTooLarge {
+            what: "size",
+            dim: 1,
+            value: 1 << 33
+        }
+    );
+    assert_eq!(
+        Tensor::zeros(&[4, 1 << 16, 1 << 16], DType::F32).unwrap_err(),
+        TensorError::DimTooLarge {
+            what: "row-major stride",
+            dim: 0,
+            value: 1 << 32
+        }
+    );
+    let msg = Tensor::zeros(&[1 << 33], DType::U8)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("4294967295"), "{msg}");
+    // A step too large for the stride is an error unless it never applies. (4 GiB of address
+    // space, never touched: calloc maps it lazily.)
+    let wide = Buffer::zeroed((1 << 32) + 1).unwrap();
+    let v = Tensor::strided(wide, DType::U8, &[3], &[1 << 31], 0).unwrap();
+    assert_eq!(
+        v.slice(0, 0, 3, 2).unwrap_err(),
+        TensorError::DimTooLarge {
+            what: "stride",
+            dim: 0,
+            value: 1 << 32
+        }
+    );
+    assert_eq!(v.slice(0, 0, 3, usize::MAX).unwrap().shape(), [1]);
+    assert_eq!(v.slice(0, 1, 3, 1 << 40).unwrap().strides(), [1 << 31]);
+    // The largest supported size and stride still make a region.
+    let big = Region::checked(DType::U8, 0, &[1, 2], &[MAX_DIM_LEN, MAX_DIM_LEN]).unwrap();
+    assert_eq!(big.strides(), [MAX_DIM_LEN, MAX_DIM_LEN]);
+    assert_eq!(big.byte_range(), (0, MAX_DIM_LEN + 1));
     let t = Tensor::new(b, DType::F32, &[4, 4], 0).unwrap();
     assert!(matches!(
         t.view(&[2, 2], &[3, 0]),
