@@ -10,13 +10,21 @@ use crate::TaskId;
 
 pub use crate::geometry::MAX_DIMS;
 
-/// Marks whether a runtime-allocated output's memory is still reserved for it.
-#[derive(Debug, Default)]
+/// The task that produced a runtime-allocated output, and whether its memory is still reserved
+/// for it. One per task with outputs, shared by them.
+#[derive(Debug)]
 pub(crate) struct Lease {
+    task: TaskId,
     reclaimed: AtomicBool,
 }
 
 impl Lease {
+    pub(crate) fn new(task: TaskId) -> Lease {
+        Lease {
+            task,
+            reclaimed: AtomicBool::new(false),
+        }
+    }
     pub(crate) fn reclaim(&self) {
         self.reclaimed.store(true, Ordering::Release);
     }
@@ -25,11 +33,15 @@ impl Lease {
     }
 }
 
-/// The task that produced a runtime-allocated output, and its memory lease.
+/// A runtime-allocated output's lease: one pointer, so a tensor (and every task's argument
+/// record holding one) stays small; submit reads the lease's line for its liveness anyway.
 #[derive(Clone, Debug)]
-pub(crate) struct Origin {
-    pub(crate) task: TaskId,
-    pub(crate) lease: Arc<Lease>,
+pub(crate) struct Origin(pub(crate) Arc<Lease>);
+
+impl Origin {
+    pub(crate) fn task(&self) -> TaskId {
+        self.0.task
+    }
 }
 
 /// A strided view over a [`Buffer`]: up to five dimensions, element strides and an element offset.
@@ -61,7 +73,7 @@ impl fmt::Debug for Tensor {
         d.field("buffer", &self.buffer.id())
             .field("region", &self.region);
         if let Some(o) = &self.origin {
-            d.field("task", &o.task);
+            d.field("task", &o.task());
         }
         d.finish()
     }
@@ -207,7 +219,7 @@ impl Tensor {
 
     /// The task that produced this tensor, for a runtime-allocated output.
     pub fn producer(&self) -> Option<TaskId> {
-        self.origin.as_ref().map(|o| o.task)
+        self.origin.as_ref().map(Origin::task)
     }
 
     /// True when the elements are row-major without gaps.
@@ -371,7 +383,7 @@ impl Tensor {
     /// Errors unless the runtime still reserves this tensor's memory for its producer.
     pub(crate) fn check_live(&self) -> Result<(), TensorError> {
         match &self.origin {
-            Some(o) if o.lease.is_reclaimed() => Err(TensorError::Stale { task: o.task }),
+            Some(o) if o.0.is_reclaimed() => Err(TensorError::Stale { task: o.task() }),
             _ => Ok(()),
         }
     }

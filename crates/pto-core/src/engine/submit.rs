@@ -409,7 +409,7 @@ impl Orchestrator {
         }
         let id = self.next_id;
         let me = TaskRef { slot, id };
-        let lease = (!out_offsets.is_empty()).then(|| Arc::new(Lease::default()));
+        let lease = (!out_offsets.is_empty()).then(|| Arc::new(Lease::new(TaskId(id))));
         let manual = self.manual();
         let dummy = kernel.is_none();
         let deferred = args.deferred;
@@ -486,7 +486,7 @@ impl Orchestrator {
                 continue;
             }
             if let Some(o) = &t.origin {
-                explicit.push(o.task.0);
+                explicit.push(o.task().0);
             }
             // A read depends on writers and is recorded as a reader; an update or an overwrite
             // depends on both and is recorded as a writer.
@@ -522,10 +522,7 @@ impl Orchestrator {
                 let t = Tensor {
                     buffer: heap,
                     region,
-                    origin: lease.as_ref().map(|l| Origin {
-                        task: TaskId(id),
-                        lease: l.clone(),
-                    }),
+                    origin: lease.as_ref().map(|l| Origin(l.clone())),
                 };
                 // The ring's heap is this run's own.
                 if !own(owned, t.buffer()) && i < 64 {
@@ -693,10 +690,11 @@ impl Orchestrator {
             &mut deps,
         );
         if let Some(o) = &t.origin {
-            if let Some(r) = self.find_live(o.task.0) {
+            let task = o.task().0;
+            if let Some(r) = self.find_live(task) {
                 deps.push(r);
-            } else if let Some(root) = self.retired_failed.get(&o.task.0) {
-                return Err(self.poison_error(o.task.0, Some(*root)));
+            } else if let Some(root) = self.retired_failed.get(&task) {
+                return Err(self.poison_error(task, Some(*root)));
             }
         }
         let (mut pending, mut one) = (0, 0);
