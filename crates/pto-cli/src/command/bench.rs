@@ -70,8 +70,9 @@ fn context_switches() -> u64 {
 /// Width of the diamond's layers.
 const WIDTH: usize = 8;
 
-/// Runs one pattern; returns nanoseconds per task and context switches per task.
-fn pattern(chip: &Chip, name: &str, n: usize, busy_ns: u64) -> anyhow::Result<(f64, f64)> {
+/// Runs one pattern; returns nanoseconds per task, context switches per task and the most
+/// tasks live at once (how far the orchestrating thread ran ahead of the cores).
+fn pattern(chip: &Chip, name: &str, n: usize, busy_ns: u64) -> anyhow::Result<(f64, f64, usize)> {
     let cell = Tensor::zeros(&[1], DType::I64)?;
     let cells = Tensor::zeros(&[n.max(1)], DType::I64)?;
     // The diamond's two layers, reused in turn.
@@ -129,7 +130,7 @@ fn pattern(chip: &Chip, name: &str, n: usize, busy_ns: u64) -> anyhow::Result<(f
     });
     let cs0 = context_switches();
     let t = Instant::now();
-    chip.run(&program)?;
+    let report = chip.run(&program)?;
     let ns = t.elapsed().as_secs_f64() * 1e9 / n.max(1) as f64;
     let switches = (context_switches().saturating_sub(cs0)) as f64 / n.max(1) as f64;
     // Check the work was done, so the benchmark cannot pass on a no-op.
@@ -158,7 +159,7 @@ fn pattern(chip: &Chip, name: &str, n: usize, busy_ns: u64) -> anyhow::Result<(f
             }
         }
     }
-    Ok((ns, switches))
+    Ok((ns, switches, report.stats.peak_ring_tasks))
 }
 
 /// The diamond's two layers after `n` tasks, computed sequentially.
@@ -189,7 +190,7 @@ fn granularity(chip: &Chip, threads: usize) -> anyhow::Result<Granularity> {
         // About 60 ms of ideal work per measurement.
         let n = ((60_000_000 * threads as u64) / d).clamp(2_000, 200_000) as usize;
         pattern(chip, "busy", n.min(2_000), d)?; // warm-up
-        let (ns, _) = pattern(chip, "busy", n, d)?;
+        let (ns, _, _) = pattern(chip, "busy", n, d)?;
         let ideal = d as f64 / threads as f64;
         let eff = ideal / ns;
         seen.push((d, eff));
@@ -253,13 +254,14 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             continue;
         }
         pattern(&chip, name, a.tasks.min(10_000), 0)?; // warm-up
-        let runs: Vec<(f64, f64)> = (0..reps)
+        let runs: Vec<(f64, f64, usize)> = (0..reps)
             .map(|_| pattern(&chip, name, a.tasks, 0))
             .collect::<anyhow::Result<_>>()?;
         results.push((
             name,
             median(runs.iter().map(|r| r.0).collect()),
             median(runs.iter().map(|r| r.1).collect()),
+            runs.iter().map(|r| r.2).max().unwrap_or(0),
         ));
     }
     let baseline = match &a.omp_anchor {
@@ -274,7 +276,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    for (name, ns, switches) in &results {
+    for (name, ns, switches, peak) in &results {
         let base = baseline.and_then(|b| match *name {
             "chain" => Some(b.0),
             "fan" => Some(b.1),
@@ -286,6 +288,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 "orchestrator_cpu": chip.config().orchestrator_cpu,
                 "ns_per_task": (ns * 10.0).round() / 10.0,
                 "context_switches_per_task": (switches * 10_000.0).round() / 10_000.0,
+                "peak_live_tasks": peak,
             });
             if let Some(b) = base {
                 v["openmp_ns_per_task"] = json!(b);
