@@ -236,34 +236,24 @@ impl Tensor {
     /// # Errors
     ///
     /// [`TensorError::OutOfRange`] when the box leaves the tensor.
+    #[inline]
     pub fn view(&self, shape: &[usize], offsets: &[usize]) -> Result<Tensor, TensorError> {
         let n = usize::from(self.region.ndims);
         if shape.len() != n || offsets.len() != n {
-            return Err(TensorError::OutOfRange {
-                what: "view",
-                detail: format!("{n}-d tensor, got shape {shape:?} and offsets {offsets:?}"),
-            });
+            return Err(self.view_error(shape, offsets));
         }
         let mut r = self.region;
         for i in 0..n {
-            let end = offsets[i]
-                .checked_add(shape[i])
-                .ok_or(TensorError::Overflow)?;
-            if end > self.region.dim(i) {
-                return Err(TensorError::OutOfRange {
-                    what: "view",
-                    detail: format!(
-                        "dimension {i}: {}..{end} exceeds size {}",
-                        offsets[i],
-                        self.region.dim(i)
-                    ),
-                });
+            let (len, at, size) = (shape[i], offsets[i], self.region.dim(i));
+            // `at + len <= size`, without an overflow.
+            if at > size || len > size - at {
+                return Err(self.view_error(shape, offsets));
             }
-            if shape[i] > 0 {
-                r.offset += offsets[i] * r.stride(i);
+            if len > 0 {
+                r.offset += at * r.stride(i);
             }
             // At most the old size: fits.
-            r.shape[i] = shape[i] as u32;
+            r.shape[i] = len as u32;
         }
         // Every element of the box is an element of this tensor, which fits its buffer: no
         // need to check again (a view per task is common in orchestration loops).
@@ -273,6 +263,34 @@ impl Tensor {
             region: r,
             origin: self.origin.clone(),
         })
+    }
+
+    /// Why [`Tensor::view`] refused `shape` at `offsets` (out of line: the common path of a
+    /// view per task keeps no formatting code).
+    #[cold]
+    #[inline(never)]
+    fn view_error(&self, shape: &[usize], offsets: &[usize]) -> TensorError {
+        let n = usize::from(self.region.ndims);
+        let detail = if shape.len() != n || offsets.len() != n {
+            format!("{n}-d tensor, got shape {shape:?} and offsets {offsets:?}")
+        } else {
+            let bad = (0..n).find(|&i| {
+                offsets[i]
+                    .checked_add(shape[i])
+                    .is_none_or(|e| e > self.region.dim(i))
+            });
+            let i = bad.unwrap_or(0);
+            format!(
+                "dimension {i}: {}..{} exceeds size {}",
+                offsets[i],
+                offsets[i].saturating_add(shape[i]),
+                self.region.dim(i)
+            )
+        };
+        TensorError::OutOfRange {
+            what: "view",
+            detail,
+        }
     }
 
     /// Elements `start, start+step, ...` below `end` of dimension `dim`.

@@ -128,6 +128,22 @@ fn bad_geometry_is_an_error() {
         t.view(&[2, 2], &[3, 0]),
         Err(TensorError::OutOfRange { .. })
     ));
+    for (shape, offsets, want) in [
+        (&[2, usize::MAX][..], &[0, 2][..], "dimension 1: 2.."),
+        (
+            &[1, 1][..],
+            &[0, usize::MAX][..],
+            "dimension 1: 18446744073709551615..",
+        ),
+        (&[1][..], &[0, 0][..], "2-d tensor, got shape [1]"),
+    ] {
+        let e = t.view(shape, offsets).unwrap_err();
+        assert!(
+            matches!(e, TensorError::OutOfRange { what: "view", .. })
+                && e.to_string().contains(want),
+            "{e}"
+        );
+    }
     assert!(matches!(
         t.slice(0, 0, 4, 0),
         Err(TensorError::OutOfRange { .. })
