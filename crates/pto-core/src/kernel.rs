@@ -577,6 +577,7 @@ impl<'a> KernelCtx<'a> {
         self.ext.and_then(|e| e.downcast_ref::<E>())
     }
 
+    #[inline]
     pub(crate) fn arg(&self, index: usize) -> Result<(&'a Tensor, ArgMode), KernelError> {
         // Errors are built only on failure (see `view`): this runs for every argument.
         match self

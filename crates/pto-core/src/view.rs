@@ -134,6 +134,7 @@ pub(crate) struct FlagGuard<'a> {
 impl<'a> FlagGuard<'a> {
     /// Takes a shared (`write == false`) or exclusive borrow of a kernel argument; `None` when it
     /// conflicts with a view still alive.
+    #[inline]
     pub(crate) fn take(flag: &'a Cell<isize>, write: bool) -> Option<FlagGuard<'a>> {
         let v = flag.get();
         if write {
@@ -544,6 +545,7 @@ impl<'a> KernelCtx<'a> {
     /// with `chunk` this block's rows of dimension 0) and the flag guard, taken exclusively
     /// with `write` (after an exclusive borrow of a NO_DEP argument's region, which the
     /// dispatcher registered as a read).
+    #[inline]
     fn borrow_arg(
         &self,
         index: usize,
