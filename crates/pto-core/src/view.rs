@@ -236,11 +236,10 @@ impl<'a, T: Element> TensorMut<'a, T> {
 
     /// Every element, in logical row-major order.
     pub fn iter(&self) -> impl Iterator<Item = T> + '_ {
-        let mut offs = Vec::with_capacity(self.region.numel());
-        for_each_offset(&self.region, |o| offs.push(o));
-        // SAFETY: each offset lies inside the borrowed region (see `for_each_offset`).
-        offs.into_iter()
-            .map(move |o| unsafe { self.ptr.add(o).read() })
+        // Lazily, as `TensorRef::iter` (no list of offsets allocated per call). While the
+        // iterator borrows `self`, nothing writes through this view.
+        // SAFETY: each offset lies inside the borrowed region.
+        Offsets::new(&self.region).map(move |o| unsafe { self.ptr.add(o).read() })
     }
 
     /// The elements as one mutable slice, when the view is contiguous.
@@ -541,17 +540,18 @@ pub(crate) fn zero_fill(t: &Tensor) {
 }
 
 impl<'a> KernelCtx<'a> {
-    /// Argument `index` borrowed for this block: its tensor, its region (the whole tensor, or
-    /// with `chunk` this block's rows of dimension 0) and the flag guard, taken exclusively
-    /// with `write` (after an exclusive borrow of a NO_DEP argument's region, which the
-    /// dispatcher registered as a read).
+    /// Argument `index` borrowed for this block: its tensor and the flag guard, taken
+    /// exclusively with `write` (after an exclusive borrow of a NO_DEP argument's region, which
+    /// the dispatcher registered as a read). The caller takes the region with
+    /// [`KernelCtx::arg_region`], straight into its view (a region is 56 bytes: one copy, not
+    /// two, per argument of every task).
     #[inline]
     fn borrow_arg(
         &self,
         index: usize,
         chunk: bool,
         write: bool,
-    ) -> Result<(&'a Tensor, Region, FlagGuard<'_>), KernelError> {
+    ) -> Result<(&'a Tensor, FlagGuard<'_>), KernelError> {
         let (t, mode) = self.arg(index)?;
         // Blocks of an SPMD task may not share a writable argument whole.
         if !chunk && (write || mode.writable()) && self.payload.block_num > 1 {
@@ -560,14 +560,9 @@ impl<'a> KernelCtx<'a> {
                 blocks: self.payload.block_num,
             });
         }
-        let region = if chunk {
-            self.chunk_region(t)
-        } else {
-            *t.region()
-        };
         if write && mode == ArgMode::NoDep {
             t.buffer()
-                .try_borrow(self.token, &region, true)
+                .try_borrow(self.token, &self.arg_region(t, chunk), true)
                 .map_err(|_| KernelError::DataRace {
                     index,
                     buffer: t.buffer().id(),
@@ -578,7 +573,18 @@ impl<'a> KernelCtx<'a> {
         let Some(guard) = FlagGuard::take(&self.flags[index], write) else {
             return Err(KernelError::AlreadyBorrowed { index });
         };
-        Ok((t, region, guard))
+        Ok((t, guard))
+    }
+
+    /// The region of `t` a view of this block covers: the whole tensor, or with `chunk` this
+    /// block's rows of dimension 0.
+    #[inline]
+    fn arg_region(&self, t: &Tensor, chunk: bool) -> Region {
+        if chunk {
+            self.chunk_region(t)
+        } else {
+            *t.region()
+        }
     }
 
     /// Tensor argument `index` as an untyped view (for foreign kernels): writable when its mode
@@ -590,7 +596,8 @@ impl<'a> KernelCtx<'a> {
     /// As [`KernelCtx::input`] / [`KernelCtx::output`], without the dtype check.
     pub fn raw_view(&self, index: usize, chunk: bool) -> Result<RawView<'_>, KernelError> {
         let write = self.arg(index)?.1.writable();
-        let (t, region, guard) = self.borrow_arg(index, chunk, write)?;
+        let (t, guard) = self.borrow_arg(index, chunk, write)?;
+        let region = self.arg_region(t, chunk);
         // SAFETY: as in `read_view` / `write_view`: the dispatcher holds a borrow of every
         // argument's region (in its mode) until the kernel returns, and `region` fits the
         // buffer, so the offset is in bounds of the allocation.
@@ -616,11 +623,11 @@ impl<'a> KernelCtx<'a> {
                 wanted: "read",
             });
         }
-        let (t, region, guard) = self.borrow_arg(index, chunk, false)?;
+        let (t, guard) = self.borrow_arg(index, chunk, false)?;
         // SAFETY: the dispatcher registered a borrow of every tensor argument's region for this
         // task before calling the kernel and releases it only after the kernel returns; the
         // payload (and so the buffer) outlives `self`. Chunks of SPMD blocks are disjoint.
-        unsafe { TensorRef::new(t, region, guard) }
+        unsafe { TensorRef::new(t, self.arg_region(t, chunk), guard) }
             .map_err(|source| KernelError::Tensor { index, source })
     }
 
@@ -637,12 +644,12 @@ impl<'a> KernelCtx<'a> {
                 wanted: "written",
             });
         }
-        let (t, region, guard) = self.borrow_arg(index, chunk, true)?;
+        let (t, guard) = self.borrow_arg(index, chunk, true)?;
         // SAFETY: the dispatcher registered a write borrow of this region for the task (or
         // `borrow_arg` just did, for NO_DEP) that lasts until the kernel returns; the flag guard
         // makes this the only live view of the argument in this block, and blocks of one task
         // write disjoint chunks. The payload outlives `self`.
-        unsafe { TensorMut::new(t, region, guard) }
+        unsafe { TensorMut::new(t, self.arg_region(t, chunk), guard) }
             .map_err(|source| KernelError::Tensor { index, source })
     }
 }
