@@ -45,6 +45,9 @@ impl Origin {
 }
 
 /// A strided view over a [`Buffer`]: up to five dimensions, element strides and an element offset.
+/// Each dimension and each stride is at most [`MAX_DIM_LEN`] (2^32 - 1) elements, as upstream's
+/// tensors keep them; [`Tensor::shape`] and [`Tensor::strides`] read them as [`Dims`], which
+/// dereference to `[usize]`.
 ///
 /// Views, slices, reshapes and transposes only rewrite metadata. A tensor returned as a task's
 /// output remembers the task, so that later tasks reading it depend on it.
