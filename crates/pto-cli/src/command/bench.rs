@@ -297,7 +297,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             println!("{v}");
         } else {
             print!(
-                "{name:<8} {ns:>9.1} ns/task, {switches:.4} context switches/task ({} tasks, {threads} threads)",
+                "{name:<8} {ns:>9.1} ns/task, {switches:.4} context switches/task, at most {peak} live ({} tasks, {threads} threads)",
                 a.tasks
             );
             if let Some(b) = base {
