@@ -80,34 +80,43 @@ pub(crate) fn narrow(value: usize, what: &'static str, dim: usize) -> Result<u32
 /// Checks that a shape has 1 to [`MAX_DIMS`] dimensions and a row-major layout whose
 /// dimensions and strides fit in [`MAX_DIM_LEN`].
 pub(crate) fn check_shape(shape: &[usize]) -> Result<(), TensorError> {
-    if shape.is_empty() || shape.len() > MAX_DIMS {
-        return Err(TensorError::BadRank { ndims: shape.len() });
-    }
-    row_major_strides(shape).map(|_| ())
+    Region::try_contiguous(DType::U8, 0, shape).map(|_| ())
 }
 
 impl Region {
-    /// A contiguous row-major region starting at element `offset`.
-    ///
-    /// # Panics
-    ///
-    /// If `shape` has more than [`MAX_DIMS`] dimensions or does not fit (an internal helper
-    /// for shapes [`check_shape`] or a smaller region already checked; public builders
-    /// validate first).
-    pub(crate) fn contiguous(dtype: DType, offset: usize, shape: &[usize]) -> Region {
-        assert!(shape.len() <= MAX_DIMS);
-        let strides = row_major_strides(shape).expect("a checked shape");
+    /// A contiguous row-major region starting at element `offset`, or why `shape` cannot have
+    /// one (a bad rank, or a dimension or stride past [`MAX_DIM_LEN`]).
+    pub(crate) fn try_contiguous(
+        dtype: DType,
+        offset: usize,
+        shape: &[usize],
+    ) -> Result<Region, TensorError> {
+        if shape.is_empty() || shape.len() > MAX_DIMS {
+            return Err(TensorError::BadRank { ndims: shape.len() });
+        }
+        let strides = row_major_strides(shape)?;
         let mut sh = [1; MAX_DIMS];
         for (d, &n) in sh.iter_mut().zip(shape) {
+            // Checked by `row_major_strides`.
             *d = n as u32;
         }
-        Region {
+        Ok(Region {
             dtype,
             ndims: shape.len() as u8,
             shape: sh,
             strides,
             offset,
-        }
+        })
+    }
+
+    /// [`Region::try_contiguous`] of a shape known to fit.
+    ///
+    /// # Panics
+    ///
+    /// If it does not (an internal helper for shapes [`check_shape`] passed, or smaller than
+    /// a region's; public builders validate first).
+    pub(crate) fn contiguous(dtype: DType, offset: usize, shape: &[usize]) -> Region {
+        Region::try_contiguous(dtype, offset, shape).expect("a checked shape")
     }
 
     /// True when this is a region [`Region::contiguous`] makes for one dimension (stride 1,
@@ -131,8 +140,7 @@ impl Region {
                 ndims: shape.len().max(strides.len()),
             });
         }
-        check_shape(shape)?;
-        let mut r = Region::contiguous(dtype, offset, shape);
+        let mut r = Region::try_contiguous(dtype, offset, shape)?;
         for (i, &s) in strides.iter().enumerate() {
             if s == 0 {
                 return Err(TensorError::ZeroStride { dim: i });

@@ -94,8 +94,7 @@ impl Tensor {
         shape: &[usize],
         offset: usize,
     ) -> Result<Tensor, TensorError> {
-        check_shape(shape)?;
-        Self::fit(buffer, Region::contiguous(dtype, offset, shape), None)
+        Self::fit(buffer, Region::try_contiguous(dtype, offset, shape)?, None)
     }
 
     /// A view with explicit element strides.
@@ -158,7 +157,7 @@ impl Tensor {
     /// allocated.
     pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor, TensorError> {
         // Before allocating: a shape the region cannot hold fails without touching memory.
-        check_shape(shape)?;
+        let region = Region::try_contiguous(dtype, 0, shape)?;
         let numel = shape
             .iter()
             .try_fold(1usize, |a, &n| a.checked_mul(n))
@@ -166,7 +165,7 @@ impl Tensor {
         let bytes = numel
             .checked_mul(dtype.size())
             .ok_or(TensorError::Overflow)?;
-        Tensor::new(Buffer::zeroed(bytes)?, dtype, shape, 0)
+        Self::fit(Buffer::zeroed(bytes)?, region, None)
     }
 
     /// A tensor holding a copy of `data`.
@@ -350,12 +349,11 @@ impl Tensor {
         if !self.is_contiguous() {
             return Err(err("tensor is not contiguous"));
         }
-        check_shape(shape)?;
-        self.derive(Region::contiguous(
+        self.derive(Region::try_contiguous(
             self.region.dtype,
             self.region.offset,
             shape,
-        ))
+        )?)
     }
 
     /// Swaps two dimensions.
