@@ -77,10 +77,15 @@ pub(crate) fn narrow(value: usize, what: &'static str, dim: usize) -> Result<u32
     u32::try_from(value).map_err(|_| TensorError::DimTooLarge { what, dim, value })
 }
 
-/// Checks that a shape has 1 to [`MAX_DIMS`] dimensions and a row-major layout whose
-/// dimensions and strides fit in [`MAX_DIM_LEN`].
-pub(crate) fn check_shape(shape: &[usize]) -> Result<(), TensorError> {
-    Region::try_contiguous(DType::U8, 0, shape).map(|_| ())
+/// The bytes a contiguous tensor of `shape` and `dtype` takes, once the shape is checked: 1 to
+/// [`MAX_DIMS`] dimensions, a row-major layout whose dimensions and strides fit in
+/// [`MAX_DIM_LEN`], and a size that fits `usize`.
+pub(crate) fn byte_size(shape: &[usize], dtype: DType) -> Result<usize, TensorError> {
+    Region::try_contiguous(dtype, 0, shape)?;
+    shape
+        .iter()
+        .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
+        .ok_or(TensorError::Overflow)
 }
 
 impl Region {
@@ -113,7 +118,7 @@ impl Region {
     ///
     /// # Panics
     ///
-    /// If it does not (an internal helper for shapes [`check_shape`] passed, or smaller than
+    /// If it does not (an internal helper for shapes [`byte_size`] accepted, or smaller than
     /// a region's; public builders validate first).
     pub(crate) fn contiguous(dtype: DType, offset: usize, shape: &[usize]) -> Region {
         Region::try_contiguous(dtype, offset, shape).expect("a checked shape")

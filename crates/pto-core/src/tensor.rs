@@ -128,25 +128,26 @@ impl Tensor {
         })
     }
 
-    /// Checks that `shape` can be a tensor's shape: 1 to [`MAX_DIMS`] dimensions, each
-    /// dimension and each row-major stride at most [`MAX_DIM_LEN`] elements. The constructors
-    /// check it too; call it to reject a shape before allocating memory for it elsewhere.
+    /// The bytes a contiguous tensor of `shape` and `dtype` needs, once `shape` is checked: 1 to
+    /// [`MAX_DIMS`] dimensions, each dimension and each row-major stride at most
+    /// [`MAX_DIM_LEN`] elements. The constructors check the same; call it to size (or reject)
+    /// memory for a tensor before allocating it elsewhere.
     ///
     /// ```
-    /// use pto_core::{Tensor, TensorError};
-    /// assert!(Tensor::check_shape(&[1024, 1024]).is_ok());
-    /// assert!(matches!(Tensor::check_shape(&[]), Err(TensorError::BadRank { ndims: 0 })));
+    /// use pto_core::{DType, Tensor, TensorError};
+    /// assert_eq!(Tensor::byte_size(&[1024, 1024], DType::F32), Ok(4 << 20));
+    /// assert!(matches!(Tensor::byte_size(&[], DType::F32), Err(TensorError::BadRank { ndims: 0 })));
     /// assert!(matches!(
-    ///     Tensor::check_shape(&[1 << 33]),
+    ///     Tensor::byte_size(&[1 << 33], DType::U8),
     ///     Err(TensorError::DimTooLarge { dim: 0, .. })
     /// ));
     /// ```
     ///
     /// # Errors
     ///
-    /// [`TensorError::BadRank`] or [`TensorError::DimTooLarge`].
-    pub fn check_shape(shape: &[usize]) -> Result<(), TensorError> {
-        check_shape(shape)
+    /// [`TensorError::BadRank`], [`TensorError::DimTooLarge`], or [`TensorError::Overflow`].
+    pub fn byte_size(shape: &[usize], dtype: DType) -> Result<usize, TensorError> {
+        byte_size(shape, dtype)
     }
 
     /// A zero-filled tensor in a buffer of its own.
@@ -157,15 +158,12 @@ impl Tensor {
     /// allocated.
     pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor, TensorError> {
         // Before allocating: a shape the region cannot hold fails without touching memory.
-        let region = Region::try_contiguous(dtype, 0, shape)?;
-        let numel = shape
-            .iter()
-            .try_fold(1usize, |a, &n| a.checked_mul(n))
-            .ok_or(TensorError::Overflow)?;
-        let bytes = numel
-            .checked_mul(dtype.size())
-            .ok_or(TensorError::Overflow)?;
-        Self::fit(Buffer::zeroed(bytes)?, region, None)
+        let bytes = byte_size(shape, dtype)?;
+        Self::fit(
+            Buffer::zeroed(bytes)?,
+            Region::contiguous(dtype, 0, shape),
+            None,
+        )
     }
 
     /// A tensor holding a copy of `data`.
@@ -409,7 +407,7 @@ impl Tensor {
 }
 
 pub use crate::error::TensorError;
-use crate::geometry::check_shape;
+use crate::geometry::byte_size;
 pub use crate::geometry::{intersects, overlap, Dims, Overlap, Region, MAX_DIM_LEN};
 
 #[cfg(test)]

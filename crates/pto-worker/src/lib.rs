@@ -258,12 +258,7 @@ impl Drop for CheckFiles {
 /// A bad shape or no space in `/dev/shm`.
 pub fn shared_tensor(shape: &[usize], dtype: DType) -> Result<Tensor, WorkerError> {
     let bad = |e: TensorError| WorkerError::Args(e.to_string());
-    Tensor::check_shape(shape).map_err(bad)?;
-    let n = shape
-        .iter()
-        .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
-        .ok_or(TensorError::Overflow)
-        .map_err(bad)?;
+    let n = Tensor::byte_size(shape, dtype).map_err(bad)?;
     let buf = shared::shared_buffer(n).map_err(|e| WorkerError::Args(e.to_string()))?;
     Tensor::new(buf, dtype, shape, 0).map_err(bad)
 }

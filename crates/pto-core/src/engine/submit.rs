@@ -20,7 +20,7 @@ use super::{Engine, RunStats, TaskRef, NUM_RINGS, TOKEN_TASK_BITS};
 use crate::args::{ArgMode, OutInit, TaskArgs, TaskId, TensorArg};
 use crate::buffer::Buffer;
 use crate::error::{OrchError, TaskFailure};
-use crate::geometry::check_shape;
+use crate::geometry::byte_size;
 use crate::kernel::Kernel;
 use crate::tensor::{Lease, Origin, Region, Tensor, TensorError};
 
@@ -268,11 +268,12 @@ impl Orchestrator {
             match a {
                 TensorArg::Existing(t, _) => t.check_live()?,
                 TensorArg::Create { shape, dtype, .. } => {
-                    check_shape(shape)?;
-                    let n = shape
-                        .iter()
-                        .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
-                        .ok_or_else(|| invalid(&kernel, format!("output {i} is too large")))?;
+                    let n = match byte_size(shape, *dtype) {
+                        Err(TensorError::Overflow) => {
+                            return Err(invalid(&kernel, format!("output {i} is too large")));
+                        }
+                        n => n?,
+                    };
                     out_offsets.push(bytes);
                     bytes = bytes
                         .checked_add(align_up(n, OUT_ALIGN))
