@@ -163,6 +163,13 @@ impl Comm {
             .check(self.world_rank(), &self.inner.members)
     }
 
+    /// [`Comm::check`] for a wait that `awaiting` ends: a member that exited cleanly fails it
+    /// only when it was needed (see [`crate::world::Awaiting`]).
+    pub(crate) fn check_awaiting(&self, awaiting: crate::world::Awaiting) -> Result<(), CommError> {
+        self.world_ref()
+            .check_awaiting(self.world_rank(), &self.inner.members, awaiting)
+    }
+
     /// Whose failure a failure on this rank (with `message`) is: another rank's when
     /// [`Comm::check`] finds one aborted (not by this rank), dead, failed or gone; nobody's in
     /// particular when the message is a wait that ran out; else this rank's own. A report

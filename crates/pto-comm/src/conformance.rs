@@ -63,6 +63,11 @@ pub const CASES: &[Case] = &[
         run: signals_and_epochs,
     },
     Case {
+        name: "a_rank_that_left_after_its_part_fails_no_wait",
+        ranks: &[3, 4],
+        run: left_after_its_part,
+    },
+    Case {
         name: "named_buffers_and_tensors",
         ranks: &[2],
         run: named_buffers_and_tensors,
@@ -211,6 +216,32 @@ fn signals_and_epochs(c: &Comm) -> Result<(), String> {
         "timeout took too long".into()
     })?;
     w.release().map_err(e)
+}
+
+/// Rank 0 raises rank 1's flag, then, well after the next liveness check, the others'. Rank 1
+/// leaves as soon as it has its flag: its exit must not fail the waits that rank 0 (still
+/// running) will satisfy. Only a rank that left before raising what a wait needs is an error.
+fn left_after_its_part(c: &Comm) -> Result<(), String> {
+    let (me, n) = (c.rank(), c.size());
+    let w = c.alloc_window(&WindowSpec::new(64)).map_err(e)?;
+    w.barrier().map_err(e)?;
+    match me {
+        0 => {
+            w.notify(1, 0, 1, SignalOp::Set).map_err(e)?;
+            // Several liveness checks (every 20 ms) pass while rank 1 has left.
+            std::thread::sleep(Duration::from_millis(150));
+            for r in 2..n {
+                w.notify(r, 0, 1, SignalOp::Set).map_err(e)?;
+            }
+            Ok(())
+        }
+        // Leaves without the window's (collective) release: the others do not release it either.
+        1 => w.wait_until(0, 1).map(drop).map_err(e),
+        _ => w
+            .wait_until(0, 1)
+            .map(drop)
+            .map_err(|err| format!("rank {me} waited for rank 0, got: {err}")),
+    }
 }
 
 fn named_buffers_and_tensors(c: &Comm) -> Result<(), String> {

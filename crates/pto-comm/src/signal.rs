@@ -7,6 +7,7 @@ use std::time::Instant;
 use crate::backend::wait_err;
 use crate::error::CommError;
 use crate::window::Window;
+use crate::world::Awaiting;
 
 /// How a notify changes a signal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +77,9 @@ impl Window {
     /// # Errors
     ///
     /// A range outside the window, a misaligned offset, a dead or failed member (named), an
-    /// abort, or the deadline.
+    /// abort, or the deadline. A member that exited cleanly fails the wait only once no member
+    /// that could still raise the signal is running: one that left after doing its part does
+    /// not fail the others' waits.
     pub fn wait_until(&self, offset: usize, value: u32) -> Result<u32, CommError> {
         self.wait_until_deadline(offset, value, self.inner.comm.deadline())
     }
@@ -91,6 +94,30 @@ impl Window {
         offset: usize,
         value: u32,
         deadline: Instant,
+    ) -> Result<u32, CommError> {
+        self.wait_awaiting(offset, value, deadline, Awaiting::Anyone)
+    }
+
+    /// [`Window::wait_until`] for a signal that only rank `source` (of the window's
+    /// communicator) raises: the collectives' flags. Its exit fails the wait at once; other
+    /// members that exited do not (they may have finished their part).
+    pub(crate) fn wait_from(
+        &self,
+        source: usize,
+        offset: usize,
+        value: u32,
+    ) -> Result<u32, CommError> {
+        let comm = &self.inner.comm;
+        let world = comm.world_rank_of(source)?;
+        self.wait_awaiting(offset, value, comm.deadline(), Awaiting::Rank(world as u32))
+    }
+
+    fn wait_awaiting(
+        &self,
+        offset: usize,
+        value: u32,
+        deadline: Instant,
+        awaiting: Awaiting,
     ) -> Result<u32, CommError> {
         let me = self.rank();
         self.check_atomic("signal wait", me, offset, 4)?;
@@ -109,7 +136,9 @@ impl Window {
         let r = self
             .inner
             .io
-            .wait(me, offset, reached, deadline, || comm.check())
+            .wait(me, offset, reached, deadline, || {
+                comm.check_awaiting(awaiting)
+            })
             .map_err(wait_err(
                 || {
                     // Named by its buffer, with the value it holds now (read only on failure).

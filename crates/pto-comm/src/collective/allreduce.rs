@@ -217,7 +217,10 @@ impl Collectives {
             self.w
                 .notify(right, me * LINE + 8, base.wrapping_add(k), SignalOp::Set)
         };
-        let wait_left = |k: u32| self.w.wait_until(left * LINE + 8, base.wrapping_add(k));
+        let wait_left = |k: u32| {
+            self.w
+                .wait_from(left, left * LINE + 8, base.wrapping_add(k))
+        };
         // Reduce-scatter: at step s, pull chunk (me − s − 1) from the left neighbour, which
         // finished reducing it at its step s − 1, and combine it into mine.
         for s in 0..n - 1 {
@@ -351,7 +354,7 @@ impl Collectives {
         let len = data.len();
         self.stage(off, data)?;
         for c in children.clone() {
-            self.w.wait_until(c * LINE, e)?;
+            self.w.wait_from(c, c * LINE, e)?;
             let Agreed { bytes, kind } = self.agreed_of(c, e)?;
             if (bytes, kind) != (desc.bytes, desc.kind) {
                 let rank = |p: usize| self.comm().world_rank_of(p).unwrap_or(p);
@@ -383,7 +386,7 @@ impl Collectives {
             // Visible to the parent before the ready flag (the notify releases it).
             self.put_agreed(parent, e, desc)?;
             self.w.notify(parent, me * LINE, e, SignalOp::Set)?;
-            self.w.wait_until(parent * LINE + 4, e)?;
+            self.w.wait_from(parent, parent * LINE + 4, e)?;
             if len > 0 {
                 // SAFETY: epoch protocol: the parent staged the result before its done flag.
                 let s = self.peer::<T>(parent, off, len)?;

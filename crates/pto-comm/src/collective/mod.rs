@@ -233,7 +233,7 @@ impl Collectives {
         }
         for p in 0..n {
             if p != me {
-                self.w.wait_until(flag_base + p * LINE, epoch)?;
+                self.w.wait_from(p, flag_base + p * LINE, epoch)?;
             }
         }
         Ok(())

@@ -56,6 +56,20 @@ const _: () =
     assert!(OFF_BARRIER.is_multiple_of(64) && OFF_BARRIER + Barrier::SIZE <= OFF_ABORT_MSG);
 pub(crate) const RANK_SLOT: usize = 16;
 
+/// Who can end a wait, which decides whether a peer that exited cleanly (it does nothing
+/// more, but may have done its part before it left) fails it. A dead or failed peer fails
+/// every wait; a wait whose condition came true before the exit still succeeds (one more look).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Awaiting {
+    /// Every peer (a barrier): any exit.
+    Every,
+    /// One peer, a world rank (a collective's flag from a known peer): that peer's exit only.
+    Rank(u32),
+    /// Whichever peer raises a signal (a program's own wait): only when no peer that could
+    /// still raise it is left running or starting.
+    Anyone,
+}
+
 /// A rank's state in the table.
 pub(crate) const NOT_JOINED: u32 = 0;
 pub(crate) const RUNNING: u32 = 1;
@@ -282,11 +296,23 @@ impl World {
     /// to the next ([`PROBES_PER_CHECK`]); a peer found dead is marked so for everyone. Waits
     /// call it every few milliseconds, not on every operation. See `docs/design/scale.md`.
     pub(crate) fn check(&self, me: usize, peers: &[u32]) -> Result<(), CommError> {
+        self.check_awaiting(me, peers, Awaiting::Every)
+    }
+
+    /// [`World::check`] for a wait that only `awaiting` can end: a peer that exited cleanly
+    /// does nothing more, so its exit fails the wait only when it was needed (see
+    /// [`Awaiting`]); a dead or failed peer always does.
+    pub(crate) fn check_awaiting(
+        &self,
+        me: usize,
+        peers: &[u32],
+        awaiting: Awaiting,
+    ) -> Result<(), CommError> {
         if let Some(e) = self.aborted() {
             return Err(e);
         }
         if self.seg.atomic_u32(OFF_DEPARTURES).load(Ordering::Acquire) != 0 {
-            self.check_states(me, peers)?;
+            self.check_states(me, peers, awaiting)?;
         }
         // Processes on this host have pids to watch; a library's launcher ends the job itself
         // when a rank dies.
@@ -314,7 +340,7 @@ impl World {
                     // Either way its state now says what happened, and a rank lost earlier (the
                     // root cause this peer may have reacted to) is named first.
                     self.mark_died(p, id.pid);
-                    return self.check_states(me, peers);
+                    return self.check_states(me, peers, awaiting);
                 }
             }
         }
@@ -325,8 +351,8 @@ impl World {
     /// have reacted to it, so it is reported only when no peer is dead or failed. When some
     /// peer has gone and another rank was lost first (a wait on tree neighbours sees only them),
     /// that first loss is named: it is the root cause, the neighbour its consequence.
-    fn check_states(&self, me: usize, peers: &[u32]) -> Result<(), CommError> {
-        match self.peer_state(me, peers) {
+    fn check_states(&self, me: usize, peers: &[u32], awaiting: Awaiting) -> Result<(), CommError> {
+        match self.peer_state(me, peers, awaiting) {
             Ok(()) => Ok(()),
             Err(e) => Err(self.first_loss(me).unwrap_or(e)),
         }
@@ -352,8 +378,9 @@ impl World {
         }
     }
 
-    fn peer_state(&self, me: usize, peers: &[u32]) -> Result<(), CommError> {
+    fn peer_state(&self, me: usize, peers: &[u32], awaiting: Awaiting) -> Result<(), CommError> {
         let mut exited = None;
+        let mut running = false;
         for &p in peers {
             let p = p as usize;
             if p == me {
@@ -373,11 +400,21 @@ impl World {
                         pid: pid.load(Ordering::Acquire),
                     })
                 }
-                EXITED => exited = exited.or(Some(p)),
-                _ => {}
+                EXITED => {
+                    let needed = match awaiting {
+                        Awaiting::Every | Awaiting::Anyone => true,
+                        Awaiting::Rank(r) => r as usize == p,
+                    };
+                    if needed {
+                        exited = exited.or(Some(p));
+                    }
+                }
+                _ => running = true,
             }
         }
         match exited {
+            // Anyone still running may yet raise what is awaited.
+            Some(_) if awaiting == Awaiting::Anyone && running => Ok(()),
             Some(rank) => Err(CommError::PeerGone {
                 rank,
                 how: "exited",
@@ -552,6 +589,73 @@ mod tests {
             w.check(4, &[1]),
             Err(CommError::PeerGone { rank: 1, .. })
         ));
+        Ok(())
+    }
+
+    /// A peer that exited cleanly fails a barrier, a wait on its own flag, and a wait on a
+    /// signal only once nobody who could raise it is running; a failed peer fails them all.
+    #[test]
+    fn an_exit_fails_only_the_waits_that_needed_the_rank() -> Result<(), CommError> {
+        let w = create_world(
+            4,
+            Transport::Local(Default::default()),
+            0,
+            Duration::from_secs(5),
+        )?;
+        for r in 0..4 {
+            w.join(r)?;
+        }
+        let all = [0, 1, 2, 3];
+        w.leave(1, false);
+        let gone = |r: Result<(), CommError>| {
+            matches!(
+                r,
+                Err(CommError::PeerGone {
+                    rank: 1,
+                    how: "exited"
+                })
+            )
+        };
+        assert!(gone(w.check(0, &all)));
+        assert!(gone(w.check_awaiting(0, &all, Awaiting::Every)));
+        assert!(gone(w.check_awaiting(0, &all, Awaiting::Rank(1))));
+        assert!(w.check_awaiting(0, &all, Awaiting::Rank(2)).is_ok());
+        // Ranks 2 and 3 still run: either may raise the signal.
+        assert!(w.check_awaiting(0, &all, Awaiting::Anyone).is_ok());
+        w.leave(2, false);
+        assert!(w.check_awaiting(0, &all, Awaiting::Anyone).is_ok());
+        w.leave(3, false);
+        assert!(gone(w.check_awaiting(0, &all, Awaiting::Anyone)));
+        // The waiting rank itself does not count as someone who could raise it.
+        assert!(gone(w.check_awaiting(0, &[0, 1], Awaiting::Anyone)));
+        Ok(())
+    }
+
+    /// A failed peer fails every kind of wait, whoever it waits on.
+    #[test]
+    fn a_failure_fails_every_wait() -> Result<(), CommError> {
+        let w = create_world(
+            3,
+            Transport::Local(Default::default()),
+            0,
+            Duration::from_secs(5),
+        )?;
+        for r in 0..3 {
+            w.join(r)?;
+        }
+        w.mark_failed(2);
+        for a in [Awaiting::Every, Awaiting::Rank(1), Awaiting::Anyone] {
+            assert!(
+                matches!(
+                    w.check_awaiting(0, &[0, 1, 2], a),
+                    Err(CommError::PeerGone {
+                        rank: 2,
+                        how: "failed"
+                    })
+                ),
+                "{a:?}"
+            );
+        }
         Ok(())
     }
 
