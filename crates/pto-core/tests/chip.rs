@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pto_core::{
@@ -810,6 +810,62 @@ fn a_stale_output_handle_is_an_error() {
                 "affine",
                 TaskArgs::new()
                     .input(&y)
+                    .output(&[2], DType::I64)
+                    .scalar(0i64),
+            )
+            .map(|_| ())
+        }))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RunError::Orchestration(OrchError::Tensor(TensorError::Stale { .. }))
+        ),
+        "{err}"
+    );
+}
+
+/// Runs on one chip reuse the rings (and their heaps) of the runs before: each run's outputs
+/// are right, and an output kept from an earlier run is stale (in a later submit and on a
+/// read), never a view of what a later run wrote in the same bytes.
+#[test]
+fn later_runs_reuse_the_ring_heaps_and_earlier_outputs_are_stale() {
+    let c = chip();
+    let x = Tensor::from_slice(&[2], &[1i64, 2]).unwrap();
+    let kept: Arc<Mutex<Vec<Tensor>>> = Arc::default();
+    for (run, b) in [0i64, 100, 1000].into_iter().enumerate() {
+        let (x, k) = (x.clone(), kept.clone());
+        c.run(&program(move |o| {
+            let y = o
+                .submit(
+                    "affine",
+                    TaskArgs::new().input(&x).output(&[2], DType::I64).scalar(b),
+                )?
+                .out(0)?;
+            let got = o.read::<i64>(&y)?;
+            if got != [2 + b, 4 + b] {
+                return Err(OrchError::msg(format!("run {run}: {got:?}")));
+            }
+            k.lock().unwrap().push(y);
+            Ok(())
+        }))
+        .unwrap();
+    }
+    let kept = kept.lock().unwrap().clone();
+    // One heap served the three runs.
+    assert!(kept
+        .iter()
+        .all(|y| y.buffer().id() == kept[0].buffer().id()));
+    for y in &kept {
+        assert!(matches!(y.read::<i64>(), Err(TensorError::Stale { .. })));
+    }
+    let y0 = kept[0].clone();
+    let err = c
+        .run(&program(move |o| {
+            o.submit(
+                "affine",
+                TaskArgs::new()
+                    .input(&y0)
                     .output(&[2], DType::I64)
                     .scalar(0i64),
             )

@@ -25,7 +25,6 @@ use parking_lot::Mutex;
 use crate::buffer::RunningTasks;
 use crate::config::Settings;
 use crate::deferred::{CompletionSender, QueueHost};
-use crate::engine::deferred::DeferredState;
 use crate::engine::submit::{Orchestrator, RingConfig};
 use crate::engine::{Engine, EngineConfig, RunStats, NUM_RINGS};
 use crate::error::{OrchError, RunError};
@@ -430,10 +429,7 @@ impl Chip {
             t.blocks.store(0, Ordering::Relaxed);
             t.finished.store(0, Ordering::SeqCst);
         }
-        {
-            let mut d = e.deferred.lock();
-            *d = DeferredState::default();
-        }
+        e.deferred.lock().reset();
         e.has_waiting.store(false, Ordering::Release);
         *e.trace.lock() = trace.then(|| Trace {
             chip: self.cfg.chip_id,

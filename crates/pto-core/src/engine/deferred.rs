@@ -94,6 +94,16 @@ impl DeferredState {
     fn is_empty(&self) -> bool {
         self.waiting.is_empty() && self.ordered_waiting == 0
     }
+
+    /// Empties it for a new run, keeping the collections' memory.
+    pub(crate) fn reset(&mut self) {
+        self.waiting.clear();
+        self.ordered.clear();
+        self.ordered_waiting = 0;
+        self.tokens.clear();
+        self.tasks.clear();
+        self.stray.clear();
+    }
 }
 
 impl std::fmt::Debug for DeferredState {

@@ -142,16 +142,12 @@ pub(crate) struct RunShared {
 /// per-run parts.
 pub(crate) struct Engine {
     pub(crate) slab: Slab,
-    /// Slots free for new tasks (only the orchestrating thread uses it).
-    pub(crate) free: Mutex<Vec<u32>>,
-    /// The orchestrating thread's private state per slot, kept between runs.
-    pub(crate) aux: Mutex<Vec<submit::Aux>>,
-    /// The nodes that may still hold a kernel (only the orchestrating thread uses it).
-    pub(crate) kept: Mutex<Vec<u32>>,
-    /// The TensorMap's memory between runs (emptied; only the orchestrating thread uses it).
-    /// Boxed: inline, its size moved the unpadded atomics after it onto lines the deferred
-    /// path shares (deferred latency p90 0.7-2 -> 8-15 us, measured).
-    pub(crate) tmap: Mutex<Option<Box<tensormap::TensorMap>>>,
+    /// What the last run's orchestrating thread left for the next one: the free slots, the
+    /// per-slot state, the TensorMap's and the rings' memory (emptied; only the orchestrating
+    /// thread uses it, see `submit::Leftovers`). Boxed: inline, the TensorMap's size moved the
+    /// unpadded atomics after it onto lines the deferred path shares (deferred latency p90
+    /// 0.7-2 -> 8-15 us, measured).
+    pub(crate) leftovers: Mutex<Option<Box<submit::Leftovers>>>,
     /// Ready queues: MIX, AIC, AIV.
     pub(crate) queues: [Injector<u32>; 3],
     /// The tasks the orchestrating thread found ready at submit, per shape as `queues` (it is
@@ -229,10 +225,7 @@ impl Engine {
     pub(crate) fn new(cfg: EngineConfig) -> Engine {
         Engine {
             slab: Slab::new(cfg.max_slots),
-            free: Mutex::new(Vec::new()),
-            aux: Mutex::new(Vec::new()),
-            kept: Mutex::new(Vec::new()),
-            tmap: Mutex::new(None),
+            leftovers: Mutex::new(None),
             queues: [Injector::new(), Injector::new(), Injector::new()],
             orch_queues: std::array::from_fn(|_| Spmc::new(ORCH_QUEUE)),
             cores: Cores::new(cfg.aic, cfg.aiv),

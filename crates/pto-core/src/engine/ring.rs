@@ -48,6 +48,22 @@ impl Ring {
         }
     }
 
+    /// True when this ring was made for a window of `window` tasks and a heap of `heap_size`
+    /// bytes (a ring left by the last run serves the next one then).
+    pub(crate) fn fits(&self, window: usize, heap_size: usize) -> bool {
+        self.window == window.max(2) && self.heap_size == heap_size
+    }
+
+    /// Empties the ring for the next run (its task and allocation queues keep their memory,
+    /// its heap stays). Only once every task left it: a live task's bytes stay its own.
+    pub(crate) fn reset(&mut self) {
+        debug_assert!(self.live.is_empty());
+        self.live.clear();
+        self.allocs.clear();
+        self.peak_bytes = 0;
+        self.peak_tasks = 0;
+    }
+
     /// The heap buffer, allocated on first use (zeroed pages are mapped lazily by the OS).
     pub(crate) fn heap(
         &mut self,

@@ -73,6 +73,26 @@ struct Scope {
     tasks: Vec<TaskRef>,
 }
 
+/// What a run's orchestrating thread leaves for the next run on the same engine: memory, no
+/// state (every collection is empty, the rings hold no task). A run then starts without
+/// allocating: its slots, per-slot state, TensorMap, ring queues and ring heaps, scope lists
+/// and maps are the last run's (the Worker runs one small program per chip task, where they
+/// cost as much as the task).
+#[derive(Default)]
+pub(crate) struct Leftovers {
+    tmap: TensorMap,
+    free: Vec<u32>,
+    aux: Vec<Aux>,
+    kept: Vec<u32>,
+    /// Empty rings, with their heaps; none after a stalled run (its tasks may still write).
+    rings: Vec<Ring>,
+    spare_scopes: Vec<Vec<TaskRef>>,
+    retired_failed: FxHashMap<u64, u64>,
+    owned: Vec<Buffer>,
+    /// The scope stack's own memory (empty).
+    scopes: Vec<Scope>,
+}
+
 /// What only the orchestrating thread keeps about a slot's task. Kept by the engine between
 /// runs (like the free slots), so that a run does not grow it again.
 #[derive(Debug, Default)]
@@ -169,28 +189,53 @@ impl std::fmt::Debug for Orchestrator {
 
 impl Orchestrator {
     pub(crate) fn new(engine: Arc<Engine>, rings: RingConfig, nonce: u64) -> Orchestrator {
-        let free = std::mem::take(&mut *engine.free.lock());
-        let aux = std::mem::take(&mut *engine.aux.lock());
-        let kept = std::mem::take(&mut *engine.kept.lock());
-        let tmap = engine.tmap.lock().take().map(|m| *m).unwrap_or_default();
+        let Leftovers {
+            tmap,
+            free,
+            aux,
+            kept,
+            rings: old_rings,
+            mut spare_scopes,
+            retired_failed,
+            owned,
+            scopes,
+        } = engine
+            .leftovers
+            .lock()
+            .take()
+            .map(|l| *l)
+            .unwrap_or_default();
+        // The last run's rings keep their queues' memory and their heaps (a run with outputs
+        // then maps no new heap); a ring of another size is made anew.
+        let rings_now = if old_rings.len() == NUM_RINGS
+            && old_rings
+                .iter()
+                .all(|r| r.fits(rings.window, rings.heap_bytes))
+        {
+            old_rings
+        } else {
+            (0..NUM_RINGS)
+                .map(|_| Ring::new(rings.window, rings.heap_bytes))
+                .collect()
+        };
+        let mut scopes = scopes;
+        scopes.push(Scope {
+            manual: false,
+            tasks: spare_scopes.pop().unwrap_or_default(),
+        });
         Orchestrator {
             engine,
             next_id: 0,
             tmap,
-            rings: (0..NUM_RINGS)
-                .map(|_| Ring::new(rings.window, rings.heap_bytes))
-                .collect(),
-            scopes: vec![Scope {
-                manual: false,
-                tasks: Vec::new(),
-            }],
-            spare_scopes: Vec::new(),
-            retired_failed: FxHashMap::default(),
+            rings: rings_now,
+            scopes,
+            spare_scopes,
+            retired_failed,
             aux,
             free,
             kept,
             next_slot: None,
-            owned: Vec::new(),
+            owned,
             rings_cfg: rings,
             nonce,
             since_publish: 0,
