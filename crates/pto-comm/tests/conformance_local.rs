@@ -27,3 +27,63 @@ fn every_case_on_threads() {
         }
     }
 }
+
+/// A rank that leaves without raising what two others wait for: neither wait fails at once
+/// (each could still be raised by the other, which runs). Rank 1's wait reaches its deadline,
+/// and the timeout's wait-for graph names the rank that left; once rank 1 has left too, rank 0's
+/// wait fails at once (nobody is left to raise it), long before its own deadline.
+#[test]
+fn a_rank_that_left_before_its_part_is_named_when_the_waits_run_out() {
+    use std::time::Instant;
+
+    use pto_comm::CommError;
+
+    let comms = local::comms_with_timeout(3, Duration::from_secs(20)).unwrap();
+    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let w = c
+                        .alloc_window(&pto_comm::WindowSpec::new(64))
+                        .map_err(|e| e.to_string())?;
+                    w.barrier().map_err(|e| e.to_string())?;
+                    let t = Instant::now();
+                    let short = Duration::from_millis(300);
+                    match c.rank() {
+                        2 => Ok(()),
+                        1 => match w.wait_until_deadline(0, 1, t + short) {
+                            Err(CommError::Timeout { what, .. })
+                                if what.contains("rank 2 has left") && t.elapsed() >= short =>
+                            {
+                                Ok(())
+                            }
+                            other => Err(format!("expected a timeout naming rank 2, got {other:?}")),
+                        },
+                        _ => match w.wait_until_deadline(0, 1, t + Duration::from_secs(10)) {
+                            // Rank 1, the last to leave (rank 2's exit alone did not end it).
+                            Err(CommError::PeerGone {
+                                rank: 1,
+                                how: "exited",
+                            }) if t.elapsed() < Duration::from_secs(5) => {
+                                Ok(())
+                            }
+                            other => Err(format!(
+                                "expected an exit once nobody could raise it, got {other:?} after {:?}",
+                                t.elapsed()
+                            )),
+                        },
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("rank panicked".into())))
+            .collect()
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        if let Err(msg) = r {
+            panic!("rank {rank}: {msg}");
+        }
+    }
+}
