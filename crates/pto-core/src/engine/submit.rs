@@ -198,7 +198,7 @@ impl Orchestrator {
             mut spare_scopes,
             retired_failed,
             owned,
-            scopes,
+            mut scopes,
         } = engine
             .leftovers
             .lock()
@@ -218,7 +218,6 @@ impl Orchestrator {
                 .map(|_| Ring::new(rings.window, rings.heap_bytes))
                 .collect()
         };
-        let mut scopes = scopes;
         scopes.push(Scope {
             manual: false,
             tasks: spare_scopes.pop().unwrap_or_default(),
