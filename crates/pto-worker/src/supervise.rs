@@ -28,6 +28,25 @@ pub(crate) struct Started {
     pub(crate) t0: Instant,
 }
 
+/// How long a process that still counts other threads is given for them to go before it is
+/// refused: a thread that was just joined is still counted for a moment (the kernel wakes the
+/// joiner before it releases the thread), so a program that joined every thread and then builds
+/// a Worker would otherwise be refused now and then.
+const THREADS_SETTLE: Duration = Duration::from_millis(200);
+
+/// The process's thread count once threads that are exiting have gone (at most
+/// [`THREADS_SETTLE`]): 1 as soon as it reads 1.
+fn settled_thread_count() -> usize {
+    let until = Instant::now() + THREADS_SETTLE;
+    loop {
+        let n = pto_shm::process::thread_count();
+        if n <= 1 || Instant::now() >= until {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Forks every child and waits until each is up.
 ///
 /// # Errors
@@ -35,7 +54,7 @@ pub(crate) struct Started {
 /// A process that already has threads, a failed fork, a chip whose bring-up failed (every
 /// child is then reaped and no segment is left), or a timeout.
 pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
-    let threads = pto_shm::process::thread_count();
+    let threads = settled_thread_count();
     if threads > 1 {
         return Err(WorkerError::NotSingleThreaded { threads });
     }

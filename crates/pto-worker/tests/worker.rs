@@ -430,13 +430,39 @@ fn corrupt_frames_are_errors_not_crashes() -> Result<(), Failed> {
 }
 
 fn init_refuses_a_threaded_process() -> Result<(), Failed> {
-    let t = std::thread::spawn(|| std::thread::sleep(Duration::from_millis(300)));
+    // The thread lives until init has answered, however long that takes.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let _ = rx.recv();
+    });
     let r = builder(1).init();
+    drop(tx);
     t.join().unwrap();
     match r {
         Err(WorkerError::NotSingleThreaded { threads }) if threads >= 2 => Ok(()),
         other => Err(format!("expected NotSingleThreaded, got {other:?}").into()),
     }
+}
+
+/// A program that joined its threads may build a Worker right away: a thread just joined is
+/// still counted for a moment, which must not make init refuse the process (seen as a rare
+/// "this process has 2" when a Worker came right after a run of ranks on threads).
+fn a_thread_joined_just_before_init_is_not_counted() -> Result<(), Failed> {
+    for i in 0..40 {
+        std::thread::spawn(|| std::hint::black_box(1 + 1))
+            .join()
+            .unwrap();
+        let w = Worker::builder()
+            .chips(1)
+            .cores(1, 1)
+            .no_comm()
+            .timeout(Duration::from_secs(20))
+            .program("none", KernelRegistry::new(), |_, _| Ok(()))
+            .init()
+            .map_err(|e| format!("round {i}: {e}"))?;
+        w.close();
+    }
+    Ok(())
 }
 
 fn a_worker_can_have_workers_as_children() -> Result<(), Failed> {
@@ -819,6 +845,10 @@ fn main() {
         Trial::test(
             "init_refuses_a_threaded_process",
             init_refuses_a_threaded_process,
+        ),
+        Trial::test(
+            "a_thread_joined_just_before_init_is_not_counted",
+            a_thread_joined_just_before_init_is_not_counted,
         ),
         Trial::test(
             "children_die_with_their_parent",
