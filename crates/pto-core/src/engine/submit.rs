@@ -4,6 +4,8 @@
 
 #![allow(unsafe_code)]
 
+mod leftovers;
+pub(crate) use leftovers::Leftovers;
 mod retire;
 
 use std::sync::atomic::Ordering;
@@ -71,26 +73,6 @@ pub(crate) enum Blocked {
 struct Scope {
     manual: bool,
     tasks: Vec<TaskRef>,
-}
-
-/// What a run's orchestrating thread leaves for the next run on the same engine: memory, no
-/// state (every collection is empty, the rings hold no task). A run then starts without
-/// allocating: its slots, per-slot state, TensorMap, ring queues and ring heaps, scope lists
-/// and maps are the last run's (the Worker runs one small program per chip task, where they
-/// cost as much as the task).
-#[derive(Default)]
-pub(crate) struct Leftovers {
-    tmap: TensorMap,
-    free: Vec<u32>,
-    aux: Vec<Aux>,
-    kept: Vec<u32>,
-    /// Empty rings, with their heaps; none after a stalled run (its tasks may still write).
-    rings: Vec<Ring>,
-    spare_scopes: Vec<Vec<TaskRef>>,
-    retired_failed: FxHashMap<u64, u64>,
-    owned: Vec<Buffer>,
-    /// The scope stack's own memory (empty).
-    scopes: Vec<Scope>,
 }
 
 /// What only the orchestrating thread keeps about a slot's task. Kept by the engine between
@@ -188,60 +170,6 @@ impl std::fmt::Debug for Orchestrator {
 }
 
 impl Orchestrator {
-    pub(crate) fn new(engine: Arc<Engine>, rings: RingConfig, nonce: u64) -> Orchestrator {
-        let Leftovers {
-            tmap,
-            free,
-            aux,
-            kept,
-            rings: old_rings,
-            mut spare_scopes,
-            retired_failed,
-            owned,
-            mut scopes,
-        } = engine
-            .leftovers
-            .lock()
-            .take()
-            .map(|l| *l)
-            .unwrap_or_default();
-        // The last run's rings keep their queues' memory and their heaps (a run with outputs
-        // then maps no new heap); a ring of another size is made anew.
-        let rings_now = if old_rings.len() == NUM_RINGS
-            && old_rings
-                .iter()
-                .all(|r| r.fits(rings.window, rings.heap_bytes))
-        {
-            old_rings
-        } else {
-            (0..NUM_RINGS)
-                .map(|_| Ring::new(rings.window, rings.heap_bytes))
-                .collect()
-        };
-        scopes.push(Scope {
-            manual: false,
-            tasks: spare_scopes.pop().unwrap_or_default(),
-        });
-        Orchestrator {
-            engine,
-            next_id: 0,
-            tmap,
-            rings: rings_now,
-            scopes,
-            spare_scopes,
-            retired_failed,
-            aux,
-            free,
-            kept,
-            next_slot: None,
-            owned,
-            rings_cfg: rings,
-            nonce,
-            since_publish: 0,
-            stats: RunStats::default(),
-        }
-    }
-
     /// Tasks submitted so far.
     pub(crate) fn submitted(&self) -> u64 {
         self.next_id

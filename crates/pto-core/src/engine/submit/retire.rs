@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{liveness, Aux, Leftovers, Orchestrator};
+use super::{liveness, Aux, Orchestrator};
 use crate::engine::slab::FREE;
 use crate::engine::TaskRef;
 
@@ -110,35 +110,6 @@ impl Orchestrator {
             }
             false
         });
-        // The next run starts with empty collections that keep this one's memory.
-        self.tmap.clear();
-        self.retired_failed.clear();
-        // A stalled run's tasks may still write their rings' heaps: those are not reused.
-        let stalled = self.rings.iter().any(|r| !r.live.is_empty());
-        let mut rings = std::mem::take(&mut self.rings);
-        if stalled {
-            rings.clear();
-        } else {
-            for r in &mut rings {
-                r.reset();
-            }
-        }
-        let mut spare_scopes = std::mem::take(&mut self.spare_scopes);
-        let mut scopes = std::mem::take(&mut self.scopes);
-        for mut sc in scopes.drain(..) {
-            sc.tasks.clear();
-            spare_scopes.push(sc.tasks);
-        }
-        *self.engine.leftovers.lock() = Some(Box::new(Leftovers {
-            tmap: std::mem::take(&mut self.tmap),
-            free: std::mem::take(&mut self.free),
-            aux: std::mem::take(&mut self.aux),
-            kept: std::mem::take(&mut self.kept),
-            rings,
-            spare_scopes,
-            retired_failed: std::mem::take(&mut self.retired_failed),
-            owned: std::mem::take(&mut self.owned),
-            scopes,
-        }));
+        self.leave_leftovers();
     }
 }
