@@ -407,7 +407,12 @@ pub(crate) struct Registrations {
 impl Registrations {
     /// Adds what another block of the same task registered.
     pub(crate) fn merge(&mut self, other: Registrations) {
-        self.conds.extend(other.conds);
+        if self.conds.is_empty() {
+            // The first block to register (most tasks have one): its vector moves in whole.
+            self.conds = other.conds;
+        } else {
+            self.conds.extend(other.conds);
+        }
         self.tokens += other.tokens;
         if let Some(d) = other.token_deadline {
             self.token_deadline = Some(self.token_deadline.map_or(d, |x| x.min(d)));

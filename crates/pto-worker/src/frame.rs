@@ -316,7 +316,20 @@ pub(crate) struct Encoder(W);
 impl Encoder {
     /// Starts a frame that carries `tensors` tensor descriptors.
     pub(crate) fn new(kind: FrameKind, trace: bool, index: u32, tensors: usize) -> Encoder {
-        let mut w = W(Vec::with_capacity(256));
+        Encoder::into_buffer(Vec::with_capacity(256), kind, trace, index, tensors)
+    }
+
+    /// [`Encoder::new`], writing into `buf` (emptied first): a caller that encodes a frame
+    /// per task keeps one buffer instead of allocating one each time.
+    pub(crate) fn into_buffer(
+        mut buf: Vec<u8>,
+        kind: FrameKind,
+        trace: bool,
+        index: u32,
+        tensors: usize,
+    ) -> Encoder {
+        buf.clear();
+        let mut w = W(buf);
         w.u32(MAGIC);
         w.u16(VERSION);
         w.u8(kind as u8);

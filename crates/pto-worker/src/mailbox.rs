@@ -203,15 +203,18 @@ impl Mailbox {
                 self.name()
             )));
         }
-        let mut v = vec![0u8; len];
-        // SAFETY: `off + len <= off + cap`, inside this mailbox's slot and so the segment; the protocol gives the reader
-        // this area after it acquired the state word.
+        // Not zeroed first: every byte is copied in below.
+        let mut v = Vec::with_capacity(len);
+        // SAFETY: `off + len <= off + cap`, inside this mailbox's slot and so the segment; the
+        // protocol gives the reader this area after it acquired the state word. `v` has room
+        // for `len` bytes, all of which the copy initialises before the length is set.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.seg.as_ptr().add(self.base + off),
                 v.as_mut_ptr(),
                 len,
-            )
+            );
+            v.set_len(len);
         };
         Ok(v)
     }
@@ -402,13 +405,19 @@ impl Mailbox {
                 return Ok(None);
             }
             let shutdown = self.w32(260);
-            let r = wait_until(
-                self.w32(256),
-                self.w32(264),
-                |v| v == TASK || shutdown.load(Ordering::Acquire) != 0,
-                Instant::now() + Duration::from_millis(200),
-                || Ok::<(), ()>(()),
-            );
+            // A frame already published (the host queues several per child) is taken without
+            // reading the clock for a deadline.
+            let r = if self.w32(256).load(Ordering::Acquire) == TASK {
+                Ok(())
+            } else {
+                wait_until(
+                    self.w32(256),
+                    self.w32(264),
+                    |v| v == TASK || shutdown.load(Ordering::Acquire) != 0,
+                    Instant::now() + Duration::from_millis(200),
+                    || Ok::<(), ()>(()),
+                )
+            };
             if self.w32(260).load(Ordering::Acquire) != 0 {
                 return Ok(None);
             }

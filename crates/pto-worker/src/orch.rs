@@ -173,6 +173,19 @@ impl<'a> HostOrch<'_, 'a> {
     }
 }
 
+thread_local! {
+    /// The frame buffer a host thread encodes its next frame into (see [`give_back`]).
+    static FRAME_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Keeps a frame's buffer for this thread's next frame (a frame per chip task, each one
+/// copied into a mailbox lane or a queue: no allocation per task). Large ones are dropped.
+fn give_back(frame: Vec<u8>) {
+    if frame.capacity() <= 64 << 10 {
+        FRAME_BUF.set(frame);
+    }
+}
+
 /// The frame of host task `ctx`: its tensors (each must live in shared memory) and its user
 /// scalars (all but the last `routing`), encoded straight from the task's arguments.
 fn frame(
@@ -184,7 +197,7 @@ fn frame(
 ) -> Result<Vec<u8>, KernelError> {
     let (user, _) = split_routing(ctx, routing)?;
     let n = ctx.num_tensors();
-    let mut e = Encoder::new(kind, trace, index, n);
+    let mut e = Encoder::into_buffer(FRAME_BUF.take(), kind, trace, index, n);
     for i in 0..n {
         let t = ctx.tensor(i)?;
         let (name, off) = t.buffer().shared_at().ok_or_else(|| {
@@ -241,7 +254,9 @@ pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> 
             2,
         )?;
         let task = ctx.task().get();
-        let ticket = st.post(chip, task, &frame).map_err(|e| {
+        let posted = st.post(chip, task, &frame);
+        give_back(frame);
+        let ticket = posted.map_err(|e| {
             KernelError::msg(format!("{}: host task {task}: {e}", st.children[chip].who))
         })?;
         let me = st
@@ -297,6 +312,7 @@ pub(crate) fn host_kernels() -> Result<KernelRegistry, pto_core::RegistryError> 
             }
             tickets
         };
+        give_back(frame);
         let results = st.wait(&tickets);
         let mut first_err = None;
         for (m, r) in members.iter().zip(results) {

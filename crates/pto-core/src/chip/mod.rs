@@ -526,12 +526,13 @@ impl Chip {
         e.publish_orch();
         let total = o.submitted();
         let stall = self.cfg.stall_timeout;
-        let mut last = (u64::MAX, Instant::now());
-        let start = Instant::now();
         let mut helper = self
             .cfg
             .orchestrator_runs_tasks
             .then(worker::Helper::default);
+        // The clock is read only once there is something to wait for (a run whose tasks are
+        // all done, as the Worker's chip runs often are, reads it not at all here).
+        let mut clock: Option<((u64, Instant), Instant)> = None;
         loop {
             let done = e.finished_total();
             if done >= total {
@@ -545,8 +546,13 @@ impl Chip {
                     continue;
                 }
             }
+            let (last, start) = clock.get_or_insert_with(|| {
+                let now = Instant::now();
+                ((done, now), now)
+            });
+            let start = *start;
             if done != last.0 {
-                last = (done, Instant::now());
+                *last = (done, Instant::now());
             } else if last.1.elapsed() >= stall {
                 if let Some(h) = helper.as_mut() {
                     h.stop(e);
