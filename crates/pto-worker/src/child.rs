@@ -2,12 +2,13 @@
 //! parent is gone. A child never returns into the parent's code: it leaves with `exit_now`.
 
 use std::any::Any;
+use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use pto_comm::shm::ShmWorld;
 use pto_comm::{Cause, CommContext, Window};
-use pto_core::{Chip, Program, RunOptions, Scalar, Tensor};
+use pto_core::{Chip, OrchError, Program, RunOptions, Scalar, Tensor};
 use smallvec::SmallVec;
 
 use crate::frame::{FrameKind, FrameView, Outcome, TensorView};
@@ -86,8 +87,33 @@ fn write_bytes(t: &Tensor, data: &[u8]) -> Result<(), String> {
     bytes.write(data).map_err(|e| e.to_string())
 }
 
+thread_local! {
+    /// The chip task a chip child serves now: the orchestration of its programs reads it (a
+    /// program's orchestration runs on the thread that runs the program: this one).
+    static CALL: RefCell<Option<ChipCall>> = const { RefCell::new(None) };
+}
+
+/// A chip child's programs, made once: each orchestrates the chip task being served
+/// ([`CALL`]), so that serving a frame builds no program (its name and closure were two
+/// allocations per chip task).
+fn chip_programs(spec: &Spec) -> Vec<Program> {
+    spec.programs
+        .iter()
+        .map(|(name, kernels, orch)| {
+            let orch = orch.clone();
+            Program::new(name, kernels.clone(), move |o| {
+                CALL.with(|c| match c.borrow().as_ref() {
+                    Some(call) => orch(o, call),
+                    None => Err(OrchError::Other("no chip task is being served".into())),
+                })
+            })
+        })
+        .collect()
+}
+
 fn serve(
     spec: &Spec,
+    programs: &[Program],
     chip: Option<&ChipState>,
     inner: Option<&dyn Any>,
     cache: &SegmentCache,
@@ -106,21 +132,22 @@ fn serve(
     }
     match (f.kind, chip) {
         (FrameKind::Chip, Some(cs)) => {
-            let Some((name, kernels, orch)) = spec.programs.get(f.index as usize) else {
+            let Some(program) = programs.get(f.index as usize) else {
                 return fail(2, format!("no chip program {}", f.index));
             };
-            let call = Arc::new(ChipCall {
-                tensors,
-                scalars: scalars(&f),
-                rank: cs.rank,
-                size: cs.size,
-                comm: cs.ctx.clone(),
+            CALL.with(|c| {
+                *c.borrow_mut() = Some(ChipCall {
+                    tensors,
+                    scalars: scalars(&f),
+                    rank: cs.rank,
+                    size: cs.size,
+                    comm: cs.ctx.clone(),
+                });
             });
-            let orch = orch.clone();
-            let program = Program::new(name, kernels.clone(), move |o| orch(o, &call));
-            match cs
-                .chip
-                .run_with(&program, RunOptions { trace: f.trace })
+            let ran = cs.chip.run_with(program, RunOptions { trace: f.trace });
+            // The task's tensors go with it (as the program's closure did before).
+            CALL.with(|c| c.borrow_mut().take());
+            match ran
                 .map_err(|e| {
                     // A failure caused by another chip (it died or aborted, or a wait on the
                     // others ran out) is reported as a consequence, not as a root cause.
@@ -359,11 +386,23 @@ pub(crate) fn child_main(
             None
         }
     };
+    let programs = if state.is_some() {
+        chip_programs(spec)
+    } else {
+        Vec::new()
+    };
     for n in 0u64.. {
         let lane = crate::pipe::lane_of(lanes, n + 1);
         match lane.next_frame(parent) {
             Ok(Some((ident, Ok(bytes)))) => {
-                let out = serve(spec, state.as_ref(), inner.as_deref(), &cache, &bytes);
+                let out = serve(
+                    spec,
+                    &programs,
+                    state.as_ref(),
+                    inner.as_deref(),
+                    &cache,
+                    &bytes,
+                );
                 lane.reply(ident, &out.encode(RESULT_CAP));
             }
             Ok(Some((ident, Err(e)))) => {
