@@ -144,10 +144,10 @@ pub(crate) struct Engine {
     pub(crate) slab: Slab,
     /// What the last run's orchestrating thread left for the next one: the free slots, the
     /// per-slot state, the TensorMap's and the rings' memory (emptied; only the orchestrating
-    /// thread uses it, see `submit::Leftovers`). Boxed: inline, the TensorMap's size moved the
+    /// thread uses it, see `submit::RunMemory`). Boxed: inline, the TensorMap's size moved the
     /// unpadded atomics after it onto lines the deferred path shares (deferred latency p90
     /// 0.7-2 -> 8-15 us, measured).
-    pub(crate) leftovers: Mutex<Option<Box<submit::Leftovers>>>,
+    pub(crate) leftovers: Mutex<Option<Box<submit::RunMemory>>>,
     /// Ready queues: MIX, AIC, AIV.
     pub(crate) queues: [Injector<u32>; 3],
     /// The tasks the orchestrating thread found ready at submit, per shape as `queues` (it is

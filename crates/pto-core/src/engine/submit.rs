@@ -4,8 +4,8 @@
 
 #![allow(unsafe_code)]
 
-mod leftovers;
-pub(crate) use leftovers::Leftovers;
+mod memory;
+pub(crate) use memory::RunMemory;
 mod retire;
 
 use std::sync::atomic::Ordering;
@@ -15,9 +15,9 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use super::execute::Finish;
-use super::ring::{Full, Ring, OUT_ALIGN};
+use super::ring::{Full, OUT_ALIGN};
 use super::slab::State;
-use super::tensormap::{Liveness, Probe, TensorMap};
+use super::tensormap::{Liveness, Probe};
 use super::{Engine, RunStats, TaskRef, NUM_RINGS, TOKEN_TASK_BITS};
 use crate::args::{ArgMode, OutInit, TaskArgs, TaskId, TensorArg};
 use crate::buffer::Buffer;
@@ -138,22 +138,11 @@ const PUBLISH_EVERY: u32 = 16;
 pub(crate) struct Orchestrator {
     pub(crate) engine: Arc<Engine>,
     next_id: u64,
-    tmap: TensorMap,
-    rings: Vec<Ring>,
-    scopes: Vec<Scope>,
-    /// Emptied task lists of ended scopes, reused by the next ones.
-    spare_scopes: Vec<Vec<TaskRef>>,
-    retired_failed: FxHashMap<u64, u64>,
-    aux: Vec<Aux>,
-    free: Vec<u32>,
-    /// The nodes that may hold their last task's kernel (each once; see `Aux::kept`): at the
-    /// end of a run the free ones let go of it, without a walk over every node.
-    kept: Vec<u32>,
+    /// Its collections, kept from one run to the next (see [`RunMemory`]).
+    mem: RunMemory,
     /// The free slot the next task takes, taken out of `free` and prefetched at the end of
     /// the commit before (reclaims push onto `free` meanwhile).
     next_slot: Option<u32>,
-    /// Buffers this run claimed: its tasks use them without registering borrows.
-    owned: Vec<Buffer>,
     rings_cfg: RingConfig,
     nonce: u64,
     /// Submits since the orchestrating thread last published its ready queues.
@@ -177,37 +166,37 @@ impl Orchestrator {
 
     /// Depth of the innermost open scope (0 = the implicit outer scope).
     pub(crate) fn depth(&self) -> usize {
-        self.scopes.len() - 1
+        self.mem.scopes.len() - 1
     }
 
     fn manual(&self) -> bool {
-        self.scopes.last().is_some_and(|s| s.manual)
+        self.mem.scopes.last().is_some_and(|s| s.manual)
     }
 
     pub(crate) fn begin_scope(&mut self, manual: bool) -> Result<(), OrchError> {
         if !manual && self.manual() {
             return Err(OrchError::AutoInsideManual);
         }
-        let tasks = self.spare_scopes.pop().unwrap_or_default();
-        self.scopes.push(Scope { manual, tasks });
+        let tasks = self.mem.spare_scopes.pop().unwrap_or_default();
+        self.mem.scopes.push(Scope { manual, tasks });
         Ok(())
     }
 
     /// Ends the innermost scope (the implicit outer one too, at the end of a run): its tasks
     /// stop pinning their rings.
     pub(crate) fn end_scope(&mut self) {
-        let Some(mut scope) = self.scopes.pop() else {
+        let Some(mut scope) = self.mem.scopes.pop() else {
             return;
         };
         // The scope's pin is orchestrator-private: no atomic on the (shared) task nodes.
         for t in scope.tasks.drain(..) {
-            if let Some(a) = self.aux.get_mut(t.slot as usize) {
+            if let Some(a) = self.mem.aux.get_mut(t.slot as usize) {
                 a.scope_open = false;
             }
         }
         // Kept for the next scope: opening and closing scopes allocates nothing.
-        if self.spare_scopes.len() < 16 {
-            self.spare_scopes.push(scope.tasks);
+        if self.mem.spare_scopes.len() < 16 {
+            self.mem.spare_scopes.push(scope.tasks);
         }
         self.reclaim();
     }
@@ -281,14 +270,14 @@ impl Orchestrator {
             }
         }
         let ring = self.depth().min(NUM_RINGS - 1);
-        if bytes > self.rings[ring].heap_size {
+        if bytes > self.mem.rings[ring].heap_size {
             return Err(OrchError::OutputTooLarge {
                 kernel: kernel
                     .as_ref()
                     .map_or_else(|| "<dummy>".into(), |k| k.name().to_string()),
                 bytes,
                 ring,
-                capacity: self.rings[ring].heap_size,
+                capacity: self.mem.rings[ring].heap_size,
             });
         }
         Ok(Plan {
@@ -301,11 +290,11 @@ impl Orchestrator {
 
     /// Finds room for a plan now (reclaiming finished tasks first), or says why not.
     pub(crate) fn place(&mut self, plan: &Plan<'_>) -> Result<usize, Blocked> {
-        if let Ok(at) = self.rings[plan.ring].try_place(plan.bytes) {
+        if let Ok(at) = self.mem.rings[plan.ring].try_place(plan.bytes) {
             return Ok(at);
         }
         self.reclaim();
-        let ring = &self.rings[plan.ring];
+        let ring = &self.mem.rings[plan.ring];
         match ring.try_place(plan.bytes) {
             Ok(at) => Ok(at),
             Err(full) => {
@@ -320,7 +309,7 @@ impl Orchestrator {
                 let pinned = ring
                     .live
                     .front()
-                    .and_then(|t| self.aux.get(t.slot as usize))
+                    .and_then(|t| self.mem.aux.get(t.slot as usize))
                     .is_some_and(|a| a.scope_open);
                 if pinned {
                     Err(Blocked::Never(OrchError::ScopeDeadlock {
@@ -338,14 +327,15 @@ impl Orchestrator {
     }
 
     fn alloc_slot(&mut self) -> Result<u32, OrchError> {
-        if let Some(s) = self.next_slot.take().or_else(|| self.free.pop()) {
+        if let Some(s) = self.next_slot.take().or_else(|| self.mem.free.pop()) {
             return Ok(s);
         }
         let r = self.engine.slab.grow().ok_or_else(|| {
             OrchError::msg("no free task node: more live tasks than the rings allow")
         })?;
-        self.free.extend(r.rev());
-        self.free
+        self.mem.free.extend(r.rev());
+        self.mem
+            .free
             .pop()
             .ok_or_else(|| OrchError::msg("no free task node"))
     }
@@ -367,7 +357,7 @@ impl Orchestrator {
         } = plan;
         let heap = if bytes > 0 {
             Some(
-                self.rings[ring]
+                self.mem.rings[ring]
                     .heap(self.rings_cfg.alloc.as_deref())
                     .map_err(TensorError::from)?,
             )
@@ -375,9 +365,10 @@ impl Orchestrator {
             None
         };
         let slot = self.alloc_slot()?;
-        if self.aux.len() <= slot as usize {
+        if self.mem.aux.len() <= slot as usize {
             // In steps: the slab grows in chunks too.
-            self.aux
+            self.mem
+                .aux
                 .resize_with((slot as usize + 1).next_multiple_of(256), Aux::default);
         }
         let id = self.next_id;
@@ -388,15 +379,19 @@ impl Orchestrator {
         let deferred = args.deferred;
         let Self {
             engine,
-            tmap,
-            owned,
-            retired_failed,
-            rings,
+            mem:
+                RunMemory {
+                    tmap,
+                    owned,
+                    retired_failed,
+                    rings,
+                    scopes,
+                    aux,
+                    kept,
+                    ..
+                },
             nonce,
             next_id,
-            scopes,
-            aux,
-            kept,
             stats,
             ..
         } = self;
@@ -627,7 +622,7 @@ impl Orchestrator {
         }
         // The node the next task will take: fetch it while the caller builds that task.
         if self.next_slot.is_none() {
-            self.next_slot = self.free.pop();
+            self.next_slot = self.mem.free.pop();
         }
         if let Some(n) = self.next_slot {
             self.engine.slab.get(n).prefetch();
@@ -638,7 +633,8 @@ impl Orchestrator {
     /// The live task with id `id`, if any (explicit dependencies are rare: a scan of the
     /// rings).
     fn find_live(&self, id: u64) -> Option<TaskRef> {
-        self.rings
+        self.mem
+            .rings
             .iter()
             .flat_map(|r| r.live.iter())
             .find(|t| t.id == id)
@@ -653,8 +649,8 @@ impl Orchestrator {
         write: bool,
     ) -> Result<(usize, u64), OrchError> {
         let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
-        let (aux, retired) = (&self.aux, &self.retired_failed);
-        self.tmap.lookup(
+        let (aux, retired) = (&self.mem.aux, &self.mem.retired_failed);
+        self.mem.tmap.lookup(
             t.buffer().id(),
             t.region(),
             &Probe::of(t.region()),
@@ -666,7 +662,7 @@ impl Orchestrator {
             let task = o.task().0;
             if let Some(r) = self.find_live(task) {
                 deps.push(r);
-            } else if let Some(root) = self.retired_failed.get(&task) {
+            } else if let Some(root) = self.mem.retired_failed.get(&task) {
                 return Err(self.poison_error(task, Some(*root)));
             }
         }
@@ -685,7 +681,7 @@ impl Orchestrator {
                         one = d.id;
                     }
                 }
-            } else if let Some(root) = self.retired_failed.get(&d.id) {
+            } else if let Some(root) = self.mem.retired_failed.get(&d.id) {
                 return Err(self.poison_error(d.id, Some(*root)));
             }
         }
@@ -708,18 +704,18 @@ impl Orchestrator {
 impl Orchestrator {
     /// Tasks not reclaimed yet.
     pub(crate) fn live_tasks(&self) -> usize {
-        self.rings.iter().map(|r| r.live.len()).sum()
+        self.mem.rings.iter().map(|r| r.live.len()).sum()
     }
 
     /// Entries in the TensorMap after a sweep (those of retired tasks leave in sweeps).
     pub(crate) fn tmap_len(&mut self) -> usize {
         self.sweep_tmap();
-        self.tmap.len()
+        self.mem.tmap.len()
     }
 
     /// Entries in the TensorMap now, swept or not.
     pub(crate) fn tmap_entries(&self) -> usize {
-        self.tmap.len()
+        self.mem.tmap.len()
     }
 
     /// The producers task `id` was wired to (live ones, by id).

@@ -17,28 +17,28 @@ impl Orchestrator {
     /// Pops every reclaimable task (finished, its scope ended, no consumer retaining it) from
     /// the front of each ring.
     pub(crate) fn reclaim(&mut self) {
-        for r in 0..self.rings.len() {
-            while let Some(&front) = self.rings[r].live.front() {
+        for r in 0..self.mem.rings.len() {
+            while let Some(&front) = self.mem.rings[r].live.front() {
                 // Reclaiming writes each node a core thread wrote last: ask for the lines it
                 // touches (shared state, the body's head and first tensor) a few nodes ahead.
-                if let Some(ahead) = self.rings[r].live.get(RECLAIM_AHEAD) {
+                if let Some(ahead) = self.mem.rings[r].live.get(RECLAIM_AHEAD) {
                     self.engine.slab.get(ahead.slot).prefetch_lines(4);
                 }
-                if self.aux[front.slot as usize].scope_open {
+                if self.mem.aux[front.slot as usize].scope_open {
                     break;
                 }
                 let s = self.engine.slab.get(front.slot);
                 if s.refs.load(Ordering::Acquire) != 0 {
                     break;
                 }
-                self.rings[r].pop_front(front);
+                self.mem.rings[r].pop_front(front);
                 let root = s.root.load(Ordering::Acquire);
                 // SAFETY: `refs` is zero: the task finished and nothing retains it; only this
                 // thread reclaims. Read what reclaiming empties first.
                 let deferred = unsafe { s.body() }.payload.deferred;
                 // SAFETY: as above.
                 unsafe { s.reclaim() };
-                let a = &mut self.aux[front.slot as usize];
+                let a = &mut self.mem.aux[front.slot as usize];
                 a.live = 0;
                 if let Some(l) = a.lease.take() {
                     l.reclaim();
@@ -46,15 +46,15 @@ impl Orchestrator {
                 if root != 0 {
                     // Its TensorMap entries stay: later readers of what it should have written
                     // are poisoned too. (A normal task's entries go in the next sweep.)
-                    self.retired_failed.insert(front.id, root - 1);
+                    self.mem.retired_failed.insert(front.id, root - 1);
                 }
                 if deferred {
                     self.engine.deferred.lock().tasks.remove(&front.id);
                 }
-                self.free.push(front.slot);
+                self.mem.free.push(front.slot);
             }
         }
-        if self.tmap.needs_sweep() {
+        if self.mem.tmap.needs_sweep() {
             self.sweep_tmap();
         }
     }
@@ -62,8 +62,8 @@ impl Orchestrator {
     /// Drops the TensorMap entries of every retired task (see `tensormap`). Only between
     /// submits: the task being committed is not installed yet and would look retired.
     pub(super) fn sweep_tmap(&mut self) {
-        let (aux, retired) = (&self.aux, &self.retired_failed);
-        self.tmap.sweep(|x: TaskRef| liveness(aux, retired, x));
+        let (aux, retired) = (&self.mem.aux, &self.mem.retired_failed);
+        self.mem.tmap.sweep(|x: TaskRef| liveness(aux, retired, x));
     }
 
     /// The end of a run (every task finished): reclaims every node, marks every output lease
@@ -71,12 +71,12 @@ impl Orchestrator {
     /// free nodes to the engine.
     pub(crate) fn close(&mut self) {
         self.reclaim();
-        for r in &self.rings {
+        for r in &self.mem.rings {
             self.stats.peak_ring_tasks = self.stats.peak_ring_tasks.max(r.peak_tasks);
             self.stats.peak_ring_bytes = self.stats.peak_ring_bytes.max(r.peak_bytes);
             // Tasks still live (a stalled run): their outputs are no longer valid either.
             for t in &r.live {
-                if let Some(a) = self.aux.get_mut(t.slot as usize) {
+                if let Some(a) = self.mem.aux.get_mut(t.slot as usize) {
                     if let Some(l) = &a.lease {
                         l.reclaim();
                     }
@@ -89,15 +89,15 @@ impl Orchestrator {
                 }
             }
         }
-        for b in self.owned.drain(..) {
+        for b in self.mem.owned.drain(..) {
             b.release_owner(self.nonce);
         }
-        self.free.extend(self.next_slot.take());
+        self.mem.free.extend(self.next_slot.take());
         // Free nodes kept their last task's kernel; the run is over, so let go of them (a
         // kernel lives no longer than the runs that use it). A node still live (a stalled run)
         // keeps its kernel until a later run frees it.
-        let (slab, aux) = (&self.engine.slab, &mut self.aux);
-        self.kept.retain(|&k| {
+        let (slab, aux) = (&self.engine.slab, &mut self.mem.aux);
+        self.mem.kept.retain(|&k| {
             let s = slab.get(k);
             if s.id.load(Ordering::Acquire) != FREE {
                 return true;
