@@ -404,6 +404,11 @@ pub(crate) fn child_main(
                     &bytes,
                 );
                 lane.reply(ident, &out.encode(RESULT_CAP));
+                // No frame waits behind it: the host most likely waits for this result,
+                // perhaps on this CPU; let it run before this child's own wait spins.
+                if !crate::pipe::lane_of(lanes, n + 2).frame_ready() {
+                    std::thread::yield_now();
+                }
             }
             Ok(Some((ident, Err(e)))) => {
                 let out = Outcome {

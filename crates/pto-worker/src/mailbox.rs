@@ -253,6 +253,11 @@ impl Mailbox {
         Ok(())
     }
 
+    /// True while a frame is published and not yet taken (child side).
+    pub fn frame_ready(&self) -> bool {
+        self.w32(256).load(Ordering::Acquire) == TASK
+    }
+
     /// True once the child published a result (for a parent that polls several children).
     pub fn result_ready(&self) -> bool {
         self.w32(256).load(Ordering::Acquire) == DONE
