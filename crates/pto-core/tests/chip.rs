@@ -785,6 +785,17 @@ fn untracked_writers_that_collide_fail_instead_of_racing() {
     assert_eq!(x.read::<i64>().unwrap(), vec![1; 4]);
 }
 
+/// The run failed because an argument was an output the runtime no longer reserves.
+fn assert_stale(err: &RunError) {
+    assert!(
+        matches!(
+            err,
+            RunError::Orchestration(OrchError::Tensor(TensorError::Stale { .. }))
+        ),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_stale_output_handle_is_an_error() {
     let x = Tensor::from_slice(&[2], &[1i64, 2]).unwrap();
@@ -816,13 +827,7 @@ fn a_stale_output_handle_is_an_error() {
             .map(|_| ())
         }))
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RunError::Orchestration(OrchError::Tensor(TensorError::Stale { .. }))
-        ),
-        "{err}"
-    );
+    assert_stale(&err);
 }
 
 /// Runs on one chip reuse the rings (and their heaps) of the runs before: each run's outputs
@@ -872,13 +877,7 @@ fn later_runs_reuse_the_ring_heaps_and_earlier_outputs_are_stale() {
             .map(|_| ())
         }))
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RunError::Orchestration(OrchError::Tensor(TensorError::Stale { .. }))
-        ),
-        "{err}"
-    );
+    assert_stale(&err);
 }
 
 #[test]
