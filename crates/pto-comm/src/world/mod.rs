@@ -557,20 +557,26 @@ pub(crate) fn open_world(
 mod tests {
     use super::*;
 
+    /// A world of `n` ranks on threads, every rank joined.
+    fn local_world(n: usize) -> Result<World, CommError> {
+        let w = create_world(
+            n,
+            Transport::Local(Default::default()),
+            0,
+            Duration::from_secs(5),
+        )?;
+        for r in 0..n {
+            w.join(r)?;
+        }
+        Ok(w)
+    }
+
     /// A rank that waits only on neighbours (a tree) names the first rank lost, not the
     /// neighbour that left because of it.
     #[test]
     fn a_wait_names_the_first_rank_lost_not_the_neighbour_that_left_after_it(
     ) -> Result<(), CommError> {
-        let w = create_world(
-            6,
-            Transport::Local(Default::default()),
-            0,
-            Duration::from_secs(5),
-        )?;
-        for r in 0..6 {
-            w.join(r)?;
-        }
+        let w = local_world(6)?;
         assert!(w.check(0, &[1, 2]).is_ok());
         w.mark_died(4, 4242);
         w.leave(1, false);
@@ -596,15 +602,7 @@ mod tests {
     /// signal only once nobody who could raise it is running; a failed peer fails them all.
     #[test]
     fn an_exit_fails_only_the_waits_that_needed_the_rank() -> Result<(), CommError> {
-        let w = create_world(
-            4,
-            Transport::Local(Default::default()),
-            0,
-            Duration::from_secs(5),
-        )?;
-        for r in 0..4 {
-            w.join(r)?;
-        }
+        let w = local_world(4)?;
         let all = [0, 1, 2, 3];
         w.leave(1, false);
         let gone = |r: Result<(), CommError>| {
@@ -634,15 +632,7 @@ mod tests {
     /// A failed peer fails every kind of wait, whoever it waits on.
     #[test]
     fn a_failure_fails_every_wait() -> Result<(), CommError> {
-        let w = create_world(
-            3,
-            Transport::Local(Default::default()),
-            0,
-            Duration::from_secs(5),
-        )?;
-        for r in 0..3 {
-            w.join(r)?;
-        }
+        let w = local_world(3)?;
         w.mark_failed(2);
         for a in [Awaiting::Every, Awaiting::Rank(1), Awaiting::Anyone] {
             assert!(
