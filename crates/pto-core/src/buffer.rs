@@ -21,8 +21,9 @@
 //!   does; its engine-ordered tasks do not register on them (no lock, no shared write per
 //!   task). Instead a core thread announces the task it runs (one word per thread, `SeqCst`)
 //!   and then reads the buffer's count of registered borrows; a registered borrow increments
-//!   that count (`SeqCst`) and then scans every engine's announced tasks. Of the two, one comes
-//!   first, so a collision is always seen by at least one side, which fails.
+//!   that count (`SeqCst`) and then, when a run owns the buffer, scans every engine's announced
+//!   tasks. Of the two, one comes first, so a collision is always seen by at least one side,
+//!   which fails ([`fastpath`]).
 //!
 //! So an untracked collision is an error, never a data race, and engine-ordered tasks pay one
 //! store and one load per argument for that promise.
@@ -32,7 +33,7 @@
 use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::Weak;
 
@@ -41,6 +42,10 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::geometry::{intersects, Region};
+
+#[doc(hidden)]
+pub mod fastpath;
+use fastpath::FastPath;
 
 /// Alignment of every buffer's base address, in bytes.
 pub const BUFFER_ALIGN: usize = 64;
@@ -197,11 +202,8 @@ pub(crate) struct BufferInner {
     len: usize,
     mem: Memory,
     borrows: Mutex<Borrows>,
-    /// Registered borrows (read without the lock by tasks on the fast path).
-    untracked: AtomicU32,
-    /// The run (token nonce) whose engine-ordered tasks use this buffer without registering
-    /// borrows; 0 when none.
-    owner: AtomicU64,
+    /// How many borrows are registered, and which run uses the buffer on the fast path.
+    fast: FastPath,
 }
 
 // SAFETY: the raw pointer inside `Memory` is only dereferenced through views whose regions were
@@ -288,8 +290,7 @@ impl Buffer {
                 len,
                 mem,
                 borrows: Mutex::new(Borrows::default()),
-                untracked: AtomicU32::new(0),
-                owner: AtomicU64::new(0),
+                fast: FastPath::default(),
             }),
         }
     }
@@ -349,9 +350,11 @@ impl Buffer {
         }
         // Count it, then look at the announced tasks: of this increment and a task's
         // announcement, one comes first, so either the task sees the count (and checks the
-        // list above) or this scan sees the task.
-        self.inner.untracked.fetch_add(1, Ordering::SeqCst);
-        std::sync::atomic::fence(Ordering::SeqCst);
+        // list above) or this scan sees the task. No run owns the buffer: no task uses it
+        // unregistered, and nothing to scan.
+        if !self.inner.fast.register() {
+            return Ok(());
+        }
         if let Some(other) = scan_running(self.id(), region, write, token) {
             self.release_one(token, region, write);
             return Err(BorrowConflict { other });
@@ -361,16 +364,14 @@ impl Buffer {
 
     fn release_one(&self, token: u64, region: &Region, write: bool) {
         if self.inner.borrows.lock().remove_one(token, region, write) {
-            self.inner.untracked.fetch_sub(1, Ordering::SeqCst);
+            self.inner.fast.unregister(1);
         }
     }
 
     /// Drops the `n` borrows registered under `token` (every one, if it has fewer).
     fn release_n(&self, token: u64, n: usize) {
         let removed = self.inner.borrows.lock().remove(token, n) as u32;
-        if removed > 0 {
-            self.inner.untracked.fetch_sub(removed, Ordering::SeqCst);
-        }
+        self.inner.fast.unregister(removed);
     }
 
     /// For an engine-ordered task on the fast path, after it announced itself: the registered
@@ -381,7 +382,7 @@ impl Buffer {
         region: &Region,
         write: bool,
     ) -> Result<(), BorrowConflict> {
-        if self.inner.untracked.load(Ordering::SeqCst) == 0 {
+        if !self.inner.fast.any_registered() {
             return Ok(());
         }
         match self.inner.borrows.lock().conflict(token, region, write) {
@@ -393,30 +394,13 @@ impl Buffer {
     /// Lets run `nonce` use this buffer on the fast path: `Some(true)` when it just claimed it,
     /// `Some(false)` when it had it, `None` when another run has it.
     pub(crate) fn claim_owner(&self, nonce: u64) -> Option<bool> {
-        // A load first: the common answer ("ours already") writes nothing, so the line stays
-        // shared with the core threads that read this buffer's counters.
-        match self.inner.owner.load(Ordering::Acquire) {
-            o if o == nonce => return Some(false),
-            0 => {}
-            _ => return None,
-        }
-        match self
-            .inner
-            .owner
-            .compare_exchange(0, nonce, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => Some(true),
-            Err(o) if o == nonce => Some(false),
-            Err(_) => None,
-        }
+        self.inner.fast.claim(nonce)
     }
 
-    /// Run `nonce` is over: another run may claim the buffer.
+    /// Run `nonce` is over and none of its tasks runs any more: another run may claim the
+    /// buffer.
     pub(crate) fn release_owner(&self, nonce: u64) {
-        let _ = self
-            .inner
-            .owner
-            .compare_exchange(nonce, 0, Ordering::AcqRel, Ordering::Acquire);
+        self.inner.fast.release(nonce);
     }
 
     /// Base address. Dereferencing it is only sound inside an admitted borrow.
@@ -549,9 +533,9 @@ mod tests {
         assert!(b
             .try_borrow(Buffer::new_token(), &region(64, 8), true)
             .is_err());
-        assert_eq!(b.inner.untracked.load(Ordering::SeqCst), 3);
+        assert_eq!(b.inner.fast.registered(), 3);
         drop(set);
-        assert_eq!(b.inner.untracked.load(Ordering::SeqCst), 1);
+        assert_eq!(b.inner.fast.registered(), 1);
         b.try_borrow(Buffer::new_token(), &region(0, 96), true)
             .unwrap();
         // The other read is still there.

@@ -64,6 +64,9 @@ pub mod trace;
 mod view;
 
 pub use args::{ArgMode, ArgTensor, OutInit, Scalar, TaskArgs, TaskId};
+/// The buffer's lock-free fast-path words, public for the loom models (`tests/loom.rs`).
+#[doc(hidden)]
+pub use buffer::fastpath;
 pub use buffer::{AllocError, Buffer, BufferAllocator, ExternalMemory, BUFFER_ALIGN};
 pub use chip::{
     Chip, ChipBuilder, ChipConfig, Orch, OrchFn, Program, RunOptions, RunReport, Submitted,

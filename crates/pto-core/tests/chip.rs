@@ -785,6 +785,38 @@ fn untracked_writers_that_collide_fail_instead_of_racing() {
     assert_eq!(x.read::<i64>().unwrap(), vec![1; 4]);
 }
 
+/// A `NO_DEP` reader of a buffer that an engine-ordered task is writing fails with a data
+/// race. The run owns the buffer, so the writer registered nothing (the fast path); the
+/// reader's borrow must find it among the running tasks.
+#[test]
+fn a_no_dep_reader_finds_the_engine_ordered_writer_it_would_race() {
+    static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let mut k = KernelRegistry::new();
+    k.register("slow_fill", CoreKind::Aiv, |ctx| {
+        STARTED.store(true, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(300));
+        ctx.output::<i64>(0)?.fill(1);
+        Ok(())
+    })
+    .unwrap();
+    k.register("peek", CoreKind::Aiv, |_| Ok(())).unwrap();
+    let x = Tensor::zeros(&[4], DType::I64).unwrap();
+    let xx = x.clone();
+    let err = chip()
+        .run(&Program::new("race", k, move |o| {
+            o.submit("slow_fill", TaskArgs::new().output_existing(&xx))?;
+            let t = std::time::Instant::now();
+            while !STARTED.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(10) {
+                std::thread::yield_now();
+            }
+            o.submit("peek", TaskArgs::new().no_dep(&xx)).map(|_| ())
+        }))
+        .unwrap_err();
+    assert!(err.to_string().contains("data race"), "{err}");
+    assert!(err.to_string().contains("peek"), "{err}");
+    assert_eq!(x.read::<i64>().unwrap(), vec![1; 4]);
+}
+
 /// The run failed because an argument was an output the runtime no longer reserves.
 fn assert_stale(err: &RunError) {
     assert!(

@@ -1,5 +1,5 @@
 //! Loom models of the engine's lock-free protocols, run on the crate's real `SuccList`,
-//! `Sleep`, `Held`, `OrchWait`, `Spmc`, `ReaderGate` and `Reserve` (under `cfg(loom)` their atomics, mutex and futex
+//! `Sleep`, `Held`, `OrchWait`, `Spmc`, `ReaderGate`, `Reserve` and `FastPath` (under `cfg(loom)` their atomics, mutex and futex
 //! come from loom through `pto_shm::sync`; the futex model's `park` has no timeout, so a lost
 //! wake-up is a deadlock the model reports). Run with `scripts/loom.sh`.
 
@@ -390,5 +390,47 @@ fn a_released_reserve_is_never_missed() {
         r.hold();
         r.release(|| true);
         t.join().unwrap();
+    });
+}
+
+/// A registered borrow and an engine-ordered task on one buffer, on two threads. The task's
+/// run claims the buffer, the task announces itself (its thread's `current` word), looks for
+/// registered borrows and, seeing none, touches the bytes, then withdraws and its run gives the
+/// buffer back; the borrower counts itself, scans the announced tasks only when a run owns the
+/// buffer and, seeing no task, touches the bytes. Loom's `UnsafeCell` reports the two touches
+/// if they can happen without one ordered before the other. (Loom treats `SeqCst` loads and
+/// stores as acquire and release, so the announcement is followed by a `SeqCst` fence here; on
+/// x86 the `SeqCst` store that announces a task is a locked exchange, a full fence.)
+#[test]
+fn a_registered_borrow_and_an_announced_task_never_miss() {
+    use loom::cell::UnsafeCell;
+    use pto_core::fastpath::FastPath;
+    check("borrow fast path", None, || {
+        let f = Arc::new(FastPath::default());
+        let current = Arc::new(AtomicU64::new(0));
+        let bytes = Arc::new(UnsafeCell::new(0u64));
+        let task = {
+            let (f, current, bytes) = (f.clone(), current.clone(), bytes.clone());
+            thread::spawn(move || {
+                // The orchestrating thread claims at submit and the task runs after it
+                // (modelled in one thread).
+                assert_eq!(f.claim(7), Some(true));
+                current.store(1, Ordering::SeqCst);
+                pto_shm::sync::fence(Ordering::SeqCst);
+                if !f.any_registered() {
+                    // SAFETY: loom checks that no other access is concurrent with this one.
+                    bytes.with_mut(|p| unsafe { *p = 1 });
+                }
+                current.store(0, Ordering::SeqCst);
+                f.release(7);
+            })
+        };
+        let scan = f.register();
+        if !(scan && current.load(Ordering::SeqCst) != 0) {
+            // SAFETY: as above.
+            let _ = bytes.with(|p| unsafe { *p });
+        }
+        f.unregister(1);
+        task.join().unwrap();
     });
 }

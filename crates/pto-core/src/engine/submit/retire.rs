@@ -67,8 +67,8 @@ impl Orchestrator {
     }
 
     /// The end of a run (every task finished): reclaims every node, marks every output lease
-    /// reclaimed (stale handles then error), gives back the buffers this run owned, and the
-    /// free nodes to the engine.
+    /// reclaimed (stale handles then error), gives back the buffers this run owned (unless it
+    /// stalled), and the free nodes to the engine.
     pub(crate) fn close(&mut self) {
         self.reclaim();
         for r in &self.mem.rings {
@@ -89,8 +89,13 @@ impl Orchestrator {
                 }
             }
         }
+        // A stalled run's tasks may still run on the fast path: its buffers stay owned (later
+        // runs register their borrows on them, and every borrower scans the running tasks).
+        let stalled = self.mem.rings.iter().any(|r| !r.live.is_empty());
         for b in self.mem.owned.drain(..) {
-            b.release_owner(self.nonce);
+            if !stalled {
+                b.release_owner(self.nonce);
+            }
         }
         self.mem.free.extend(self.next_slot.take());
         // Free nodes kept their last task's kernel; the run is over, so let go of them (a
