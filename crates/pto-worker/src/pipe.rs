@@ -78,10 +78,10 @@ impl Pipe {
         self.inflight.is_empty() && self.queued.is_empty()
     }
 
-    /// Counts a published frame in flight.
-    fn in_flight(&mut self, ident: Ident) {
+    /// Counts a published frame in flight (`now`: the time if the caller has read it).
+    fn in_flight(&mut self, ident: Ident, now: Option<Instant>) {
         if self.inflight.is_empty() {
-            let now = Instant::now();
+            let now = now.unwrap_or_else(Instant::now);
             self.head_since = now;
             self.last_look = now;
         }
@@ -149,7 +149,7 @@ impl HostState {
             lane_of(&c.lanes, ident.generation)
                 .send(ident, frame)
                 .map_err(|e| e.to_string())?;
-            p.in_flight(ident);
+            p.in_flight(ident, None);
         } else {
             p.queued.push_back((ident, frame.to_vec()));
         }
@@ -195,7 +195,7 @@ impl HostState {
         // would leave it waiting forever.
         send(lane_of(&c.lanes, ident.generation), ident)?;
         p.sent = ident.generation;
-        p.in_flight(ident);
+        p.in_flight(ident, None);
         Ok(Ticket {
             child,
             ident,
@@ -274,11 +274,11 @@ impl HostState {
     /// or its oldest frame is past its deadline (then every frame in flight fails).
     fn advance(&self, child: usize, p: &mut Pipe) {
         let c = &self.children[child];
-        self.take_ready(child, p);
+        let taken_at = self.take_ready(child, p);
         let Some(&head) = p.inflight.front() else {
             return;
         };
-        let now = Instant::now();
+        let now = taken_at.unwrap_or_else(Instant::now);
         if p.lost.is_none() && now.duration_since(p.last_look) >= LOOK_EVERY {
             p.last_look = now;
             if let Some(e) = c.exit() {
@@ -314,8 +314,11 @@ impl HostState {
         }
     }
 
-    fn take_ready(&self, child: usize, p: &mut Pipe) {
+    /// Takes the results that are in, oldest first; returns the time it read if it took any
+    /// (one clock read for all of them: they came in together).
+    fn take_ready(&self, child: usize, p: &mut Pipe) -> Option<Instant> {
         let c = &self.children[child];
+        let mut now = None;
         while let Some(&head) = p.inflight.front() {
             let lane = lane_of(&c.lanes, head.generation);
             if !lane.result_ready() {
@@ -334,7 +337,8 @@ impl HostState {
                 Err(e) => self.note_failure(c.failure(child, FailKind::Task, e.clone())),
             }
             p.inflight.pop_front();
-            p.head_since = Instant::now();
+            let t = *now.get_or_insert_with(Instant::now);
+            p.head_since = t;
             p.done.push((head.generation, r));
             c.taken.store(head.generation, Ordering::Release);
             // The lane it freed carries the next queued frame (queued frames follow every frame
@@ -342,8 +346,9 @@ impl HostState {
             if let Some((id, bytes)) = p.queued.pop_front() {
                 // The size was checked when it was queued: the send cannot fail.
                 let _ = lane_of(&c.lanes, id.generation).send(id, &bytes);
-                p.in_flight(id);
+                p.in_flight(id, now);
             }
         }
+        now
     }
 }

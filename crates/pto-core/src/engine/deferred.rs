@@ -170,21 +170,21 @@ impl Engine {
             token_deadline: regs.token_deadline,
         };
         let ordered = w.ordered();
-        {
-            let mut d = self.deferred.lock();
-            match ordered {
-                Some((q, at)) => {
-                    d.ordered.entry(q).or_default().push(at, w);
-                    d.ordered_waiting += 1;
-                }
-                None => d.waiting.push(w),
+        let mut d = self.deferred.lock();
+        match ordered {
+            Some((q, at)) => {
+                d.ordered.entry(q).or_default().push(at, w);
+                d.ordered_waiting += 1;
             }
-            self.has_waiting
-                .store(true, std::sync::atomic::Ordering::Release);
+            None => d.waiting.push(w),
         }
+        self.has_waiting
+            .store(true, std::sync::atomic::Ordering::Release);
         // The conditions may hold already: poll this task's (the others are the poller's; a
-        // poll of every waiting task here would cost O(waiting) per deferred task).
-        self.poll_deferred(
+        // poll of every waiting task here would cost O(waiting) per deferred task), under the
+        // lock already held (one acquisition of a line every host thread takes, not two).
+        self.poll_locked(
+            d,
             tid,
             Some(Only {
                 id,
@@ -231,9 +231,20 @@ impl Engine {
     /// [`Engine::poll_async`]; when `only` is given, polling only that task's conditions and
     /// those of the [`OLDEST_POLLED`] oldest waiting tasks (and queues).
     fn poll_deferred(&self, tid: Option<usize>, only: Option<Only>) -> bool {
-        let Some(mut d) = self.deferred.try_lock() else {
+        let Some(d) = self.deferred.try_lock() else {
             return false;
         };
+        self.poll_locked(d, tid, only)
+    }
+
+    /// [`Engine::poll_deferred`] with the lock taken (and released before the settled tasks
+    /// finish).
+    fn poll_locked(
+        &self,
+        mut d: parking_lot::MutexGuard<'_, DeferredState>,
+        tid: Option<usize>,
+        only: Option<Only>,
+    ) -> bool {
         let mut progress = false;
         while let Some(c) = self.sender.host.queue().pop() {
             self.absorb(&mut d, c);
