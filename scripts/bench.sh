@@ -11,7 +11,8 @@ cargo build --release --quiet -p pto-cli
 pto=./target/release/pto
 
 omp=()
-if [ -f "$anchors/omp_deps.c" ] && gcc -O2 -fopenmp -o target/omp_deps "$anchors/omp_deps.c" 2>/dev/null; then
+# The repository's own OpenMP anchor (chain, fan and diamond).
+if gcc -O2 -fopenmp -o target/omp_deps scripts/anchors/omp_deps.c 2>/dev/null; then
   omp=(--omp-anchor target/omp_deps)
 else
   echo "note: OpenMP anchor not built; dag figures without a baseline" >&2

@@ -192,8 +192,9 @@ pub struct BenchArgs {
     /// OS threads for the chip, 1 to 1024 (default: one per CPU).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024).map(|v| v as usize))]
     pub threads: Option<usize>,
-    /// The OpenMP anchor binary (`omp_deps` from shared/anchors), run in the same process
-    /// run as the baseline.
+    /// The OpenMP anchor, run in the same run as the baseline (the same graphs with libgomp's
+    /// `depend` tasks): build it with `gcc -O2 -fopenmp -o omp_deps scripts/anchors/omp_deps.c`
+    /// and pass `--omp-anchor ./omp_deps`; its ratios print beside chain, fan and diamond.
     #[arg(long)]
     pub omp_anchor: Option<PathBuf>,
     /// The C plugin for `plugin` (built from examples/plugin/empty.c).

@@ -264,3 +264,67 @@ fn bench_of_every_collective_checks_every_result_and_reports_nccl_fields() {
     let (code, _, err) = pto(&["bench", "allreduce", "--dtype", "complex"]);
     assert_eq!(code, 2, "{err}");
 }
+
+/// `bench dag --omp-anchor` runs the anchor once per repetition with the task count and prints
+/// each pattern's ratio to the anchor's figure (a stand-in anchor with known figures; the
+/// diamond has a ratio only when the anchor measures it), and a failing anchor is an error.
+#[test]
+fn bench_dag_divides_by_the_anchor_it_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("pto-anchor-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = |name: &str, body: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let all = script(
+        "all",
+        r#"echo "threads=$OMP_NUM_THREADS tasks=$1 chain_ns_per_task=1000 fan_ns_per_task=2000 diamond_ns_per_task=4000""#,
+    );
+    let two = script(
+        "two",
+        r#"echo "threads=2 tasks=$1 chain_ns_per_task=1000 fan_ns_per_task=2000""#,
+    );
+    let broken = script("broken", "echo 'no team' >&2; exit 1");
+    let run = |anchor: &str| {
+        pto(&[
+            "bench",
+            "dag",
+            "--tasks",
+            "300",
+            "--reps",
+            "1",
+            "--pattern",
+            "chain,fan,diamond",
+            "--json",
+            "--omp-anchor",
+            anchor,
+        ])
+    };
+    let lines = |out: &str| -> Vec<serde_json::Value> {
+        out.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let (code, out, err) = run(&all);
+    assert_eq!(code, 0, "{err}");
+    let got = lines(&out);
+    assert_eq!(got.len(), 3, "{out}");
+    for (line, base) in got.iter().zip([1000.0, 2000.0, 4000.0]) {
+        assert_eq!(line["openmp_ns_per_task"].as_f64(), Some(base), "{line}");
+        let ns = line["ns_per_task"].as_f64().unwrap();
+        let ratio = line["ratio_vs_openmp"].as_f64().unwrap();
+        assert!((ratio - ns / base).abs() < 0.001, "{line}");
+    }
+    let (code, out, err) = run(&two);
+    assert_eq!(code, 0, "{err}");
+    let got = lines(&out);
+    assert_eq!(got[1]["openmp_ns_per_task"].as_f64(), Some(2000.0));
+    assert!(got[2].get("openmp_ns_per_task").is_none(), "{out}");
+    let (code, _, err) = run(&broken);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no team"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -203,6 +203,12 @@ fn bad_arguments_and_variables_are_usage_errors_that_name_them() {
         (&["run", "allgather"], &[("PTO_LOG", "pto=loud")], "PTO_LOG"),
         (&["bench", "dag", "--reps", "0"], &[], "--reps"),
         (&["bench", "dag", "--tasks", "0"], &[], "--tasks"),
+        // A missing anchor is refused before the benchmark runs.
+        (
+            &["bench", "dag", "--omp-anchor", "/nonexistent/omp_deps"],
+            &[],
+            "/nonexistent/omp_deps",
+        ),
         (
             &["env"],
             &[("PTO_STALL_TIMEOUT_MS", "soon")],

@@ -204,21 +204,40 @@ fn granularity(chip: &Chip, threads: usize) -> anyhow::Result<Granularity> {
 
 use super::stats::median;
 
-/// Runs the OpenMP anchor and parses `chain_ns_per_task=` and `fan_ns_per_task=`.
-fn omp(path: &Path, n: usize, threads: usize) -> anyhow::Result<(f64, f64)> {
+/// The OpenMP anchor's nanoseconds per task: chain, fan, and the diamond when the anchor
+/// measures it (`scripts/anchors/omp_deps.c` does).
+type OmpRun = (f64, f64, Option<f64>);
+
+/// Runs the OpenMP anchor and parses `chain_ns_per_task=`, `fan_ns_per_task=` and, if there,
+/// `diamond_ns_per_task=`.
+fn omp(path: &Path, n: usize, threads: usize) -> anyhow::Result<OmpRun> {
     let out = std::process::Command::new(path)
         .arg(n.to_string())
         .env("OMP_NUM_THREADS", threads.to_string())
         .output()
         .with_context(|| format!("running {}", path.display()))?;
+    if !out.status.success() {
+        bail!(
+            "the OpenMP anchor {} failed ({}): {}",
+            path.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
     let text = String::from_utf8_lossy(&out.stdout);
-    let field = |key: &str| -> anyhow::Result<f64> {
+    let find = |key: &str| -> Option<f64> {
         text.split_whitespace()
             .find_map(|w| w.strip_prefix(key))
             .and_then(|v| v.parse().ok())
-            .with_context(|| format!("no {key} in the anchor's output {text:?}"))
     };
-    Ok((field("chain_ns_per_task=")?, field("fan_ns_per_task=")?))
+    let field = |key: &str| -> anyhow::Result<f64> {
+        find(key).with_context(|| format!("no {key} in the anchor's output {text:?}"))
+    };
+    Ok((
+        field("chain_ns_per_task=")?,
+        field("fan_ns_per_task=")?,
+        find("diamond_ns_per_task="),
+    ))
 }
 
 pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
@@ -234,6 +253,16 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Worker => return super::worker_bench::bench(a),
         BenchKind::Scale => return super::scale_bench::bench(a),
         BenchKind::Plugin => return super::plugin_bench::bench(a),
+    }
+    // A missing anchor is reported before the benchmark runs, not after it.
+    if let Some(p) = &a.omp_anchor {
+        if !p.is_file() {
+            return Err(crate::exit::Usage(format!(
+                "the OpenMP anchor {} is not a file (build it: gcc -O2 -fopenmp -o omp_deps scripts/anchors/omp_deps.c)",
+                p.display()
+            ))
+            .into());
+        }
     }
     let cpus = std::thread::available_parallelism().map_or(2, usize::from);
     let threads = a.threads.unwrap_or(cpus);
@@ -266,12 +295,14 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let baseline = match &a.omp_anchor {
         Some(p) => {
-            let runs: Vec<(f64, f64)> = (0..reps)
+            let runs: Vec<OmpRun> = (0..reps)
                 .map(|_| omp(p, a.tasks, threads))
                 .collect::<anyhow::Result<_>>()?;
+            let diamonds: Vec<f64> = runs.iter().filter_map(|r| r.2).collect();
             Some((
                 median(runs.iter().map(|r| r.0).collect()),
                 median(runs.iter().map(|r| r.1).collect()),
+                (!diamonds.is_empty()).then(|| median(diamonds)),
             ))
         }
         None => None,
@@ -280,7 +311,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         let base = baseline.and_then(|b| match *name {
             "chain" => Some(b.0),
             "fan" => Some(b.1),
-            _ => None,
+            _ => b.2,
         });
         if a.json {
             let mut v = json!({
