@@ -395,10 +395,15 @@ impl Payload {
 /// The most completion conditions one task may register.
 pub const MAX_CONDITIONS: usize = 64;
 
+/// A task's completion conditions with their deadlines: inline for one (a Worker's chip task
+/// registers one per task, and a vector per task was allocated by the thread that ran the
+/// kernel and freed by the one that polled it, both through the allocator's slow paths).
+pub(crate) type Conds = smallvec::SmallVec<[(Box<dyn Condition>, Instant); 1]>;
+
 /// What a deferred task's kernel registered.
 #[derive(Default)]
 pub(crate) struct Registrations {
-    pub(crate) conds: Vec<(Box<dyn Condition>, Instant)>,
+    pub(crate) conds: Conds,
     pub(crate) tokens: u32,
     /// Deadline for the expected token posts (the earliest of the registrations).
     pub(crate) token_deadline: Option<Instant>,

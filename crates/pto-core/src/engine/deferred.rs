@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use super::execute::Finish;
 use super::{Engine, TOKEN_TASK_BITS, TOKEN_TASK_MASK};
-use crate::deferred::{Condition, Poll};
+use crate::deferred::Poll;
 use crate::kernel::{Registrations, MAX_CONDITIONS};
 use crate::trace::TraceEvent;
 use pto_shm::ring::Completion;
@@ -20,7 +20,7 @@ use pto_shm::ring::Completion;
 pub(crate) struct Waiting {
     pub(crate) slot: u32,
     pub(crate) id: u64,
-    pub(crate) conds: Vec<(Box<dyn Condition>, Instant)>,
+    pub(crate) conds: crate::kernel::Conds,
     pub(crate) tokens_expected: u32,
     pub(crate) token_deadline: Option<Instant>,
 }
