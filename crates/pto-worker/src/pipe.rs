@@ -26,6 +26,10 @@ use crate::mailbox::{Ident, Mailbox};
 const LOOK_EVERY: Duration = Duration::from_millis(1);
 /// One in this many lock-free polls of a deferred chip task goes on to look after the child.
 const LOOK_POLLS: u32 = 64;
+/// Most buffers of sent queued frames a child's pipe keeps for the next ones.
+const SPARE_FRAMES: usize = 64;
+/// Larger buffers are freed rather than kept.
+const SPARE_CAPACITY: usize = 16 << 10;
 /// Longest park of a blocking wait before it looks again.
 const PARK: Duration = Duration::from_millis(2);
 
@@ -46,6 +50,9 @@ pub(crate) struct Pipe {
     /// Frames posted while every lane was busy, oldest first (empty whenever a lane is free):
     /// each goes into the lane that the result taken before it frees.
     queued: VecDeque<(Ident, Vec<u8>)>,
+    /// Buffers of queued frames that were sent, for the next ones (a frame queued per chip
+    /// task then allocates nothing; at most [`SPARE_FRAMES`] are kept).
+    spare: Vec<Vec<u8>>,
     /// Since when the oldest frame in flight has been the oldest.
     head_since: Instant,
     last_look: Instant,
@@ -65,6 +72,7 @@ impl Pipe {
             sent: 0,
             inflight: VecDeque::new(),
             queued: VecDeque::new(),
+            spare: Vec::new(),
             head_since: now,
             last_look: now,
             done: Vec::new(),
@@ -151,7 +159,10 @@ impl HostState {
                 .map_err(|e| e.to_string())?;
             p.in_flight(ident, None);
         } else {
-            p.queued.push_back((ident, frame.to_vec()));
+            let mut b = p.spare.pop().unwrap_or_default();
+            b.clear();
+            b.extend_from_slice(frame);
+            p.queued.push_back((ident, b));
         }
         p.sent = ident.generation;
         Ok(Ticket {
@@ -347,6 +358,9 @@ impl HostState {
                 // The size was checked when it was queued: the send cannot fail.
                 let _ = lane_of(&c.lanes, id.generation).send(id, &bytes);
                 p.in_flight(id, now);
+                if p.spare.len() < SPARE_FRAMES && bytes.capacity() <= SPARE_CAPACITY {
+                    p.spare.push(bytes);
+                }
             }
         }
         now
