@@ -35,6 +35,8 @@ pub(crate) struct RunMemory {
     pub(super) owned: Vec<Buffer>,
     /// The scope stack.
     pub(super) scopes: Vec<Scope>,
+    /// Deferred tasks a reclaim retired, to leave the engine's map of them in one batch.
+    pub(super) retired_deferred: Vec<u64>,
 }
 
 impl Orchestrator {

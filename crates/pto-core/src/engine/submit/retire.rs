@@ -49,9 +49,18 @@ impl Orchestrator {
                     self.mem.retired_failed.insert(front.id, root - 1);
                 }
                 if deferred {
-                    self.engine.deferred.lock().tasks.remove(&front.id);
+                    self.mem.retired_deferred.push(front.id);
                 }
                 self.mem.free.push(front.slot);
+            }
+        }
+        // Deferred tasks leave the map of deferred tasks under one lock for the batch: a lock
+        // per task, taken a thousand times in a row at a scope's end while the polling thread
+        // tries for the same lock, held up every completion for milliseconds.
+        if !self.mem.retired_deferred.is_empty() {
+            let mut d = self.engine.deferred.lock();
+            for id in self.mem.retired_deferred.drain(..) {
+                d.tasks.remove(&id);
             }
         }
         if self.mem.tmap.needs_sweep() {
