@@ -488,11 +488,10 @@ impl Chip {
         if !e.sender.host.queue().is_empty() {
             e.poll_async(None);
         }
-        o.close();
+        let mut stats = o.close();
         if let Some(err) = stalled {
             return Err(err);
         }
-        let mut stats = o.stats;
         stats.blocks = e
             .threads
             .iter()

@@ -138,8 +138,9 @@ const PUBLISH_EVERY: u32 = 16;
 pub(crate) struct Orchestrator {
     pub(crate) engine: Arc<Engine>,
     next_id: u64,
-    /// Its collections, kept from one run to the next (see [`RunMemory`]).
-    mem: RunMemory,
+    /// Its collections, kept from one run to the next (see [`RunMemory`]): boxed, so that a
+    /// run takes them from the engine and gives them back without copying them.
+    mem: Box<RunMemory>,
     /// The free slot the next task takes, taken out of `free` and prefetched at the end of
     /// the commit before (reclaims push onto `free` meanwhile).
     next_slot: Option<u32>,
@@ -379,22 +380,22 @@ impl Orchestrator {
         let deferred = args.deferred;
         let Self {
             engine,
-            mem:
-                RunMemory {
-                    tmap,
-                    owned,
-                    retired_failed,
-                    rings,
-                    scopes,
-                    aux,
-                    kept,
-                    ..
-                },
+            mem,
             nonce,
             next_id,
             stats,
             ..
         } = self;
+        let RunMemory {
+            tmap,
+            owned,
+            retired_failed,
+            rings,
+            scopes,
+            aux,
+            kept,
+            ..
+        } = &mut **mem;
         let engine: &Engine = engine;
         let slab = &engine.slab;
         let s = slab.get(slot);

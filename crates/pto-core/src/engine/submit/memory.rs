@@ -42,12 +42,7 @@ pub(crate) struct RunMemory {
 impl Orchestrator {
     /// The orchestrating thread's state for a new run, made from what the last run left.
     pub(crate) fn new(engine: Arc<Engine>, rings: RingConfig, nonce: u64) -> Orchestrator {
-        let mut mem = engine
-            .leftovers
-            .lock()
-            .take()
-            .map(|l| *l)
-            .unwrap_or_default();
+        let mut mem = engine.leftovers.lock().take().unwrap_or_default();
         // The last run's rings keep their queues' memory and their heaps (a run with outputs
         // then maps no new heap); a ring of another size is made anew.
         let fits = mem.rings.len() == NUM_RINGS
@@ -79,8 +74,11 @@ impl Orchestrator {
 
     /// At the end of a run (every task reclaimed, or a stalled run's left): hands this run's
     /// memory, emptied, to the engine for the next run.
-    pub(super) fn leave_leftovers(&mut self) {
-        let m = &mut self.mem;
+    pub(super) fn leave_leftovers(self) {
+        let Orchestrator {
+            engine, mut mem, ..
+        } = self;
+        let m = &mut *mem;
         m.tmap.clear();
         m.retired_failed.clear();
         // A stalled run's tasks may still write their rings' heaps: those are not reused.
@@ -95,6 +93,7 @@ impl Orchestrator {
             sc.tasks.clear();
             m.spare_scopes.push(sc.tasks);
         }
-        *self.engine.leftovers.lock() = Some(Box::new(std::mem::take(&mut self.mem)));
+        // The box itself goes back: nothing is copied or allocated.
+        *engine.leftovers.lock() = Some(mem);
     }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use super::{liveness, Aux, Orchestrator};
 use crate::engine::slab::FREE;
-use crate::engine::TaskRef;
+use crate::engine::{RunStats, TaskRef};
 
 /// How many nodes ahead a reclaim prefetches.
 const RECLAIM_AHEAD: usize = 8;
@@ -78,7 +78,7 @@ impl Orchestrator {
     /// The end of a run (every task finished): reclaims every node, marks every output lease
     /// reclaimed (stale handles then error), gives back the buffers this run owned (unless it
     /// stalled), and the free nodes to the engine.
-    pub(crate) fn close(&mut self) {
+    pub(crate) fn close(mut self) -> RunStats {
         self.reclaim();
         for r in &self.mem.rings {
             self.stats.peak_ring_tasks = self.stats.peak_ring_tasks.max(r.peak_tasks);
@@ -124,6 +124,8 @@ impl Orchestrator {
             }
             false
         });
+        let stats = self.stats;
         self.leave_leftovers();
+        stats
     }
 }
