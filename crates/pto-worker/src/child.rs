@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use pto_comm::shm::ShmWorld;
 use pto_comm::{Cause, CommContext, Window};
-use pto_core::{Chip, OrchError, Program, RunOptions, Scalar, Tensor};
+use pto_core::{ArgMode, Chip, OrchError, Program, RunOptions, Scalar, Tensor};
 use smallvec::SmallVec;
 
 use crate::frame::{FrameKind, FrameView, Outcome, TensorView};
@@ -91,6 +91,8 @@ thread_local! {
     /// The chip task a chip child serves now: the orchestration of its programs reads it (a
     /// program's orchestration runs on the thread that runs the program: this one).
     static CALL: RefCell<Option<ChipCall>> = const { RefCell::new(None) };
+    /// The tensor list of the last chip task served, emptied, for the next one.
+    static SPARE: RefCell<Vec<(Tensor, ArgMode)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A chip child's programs, made once: each orchestrates the chip task being served
@@ -123,7 +125,8 @@ fn serve(
         Ok(f) => f,
         Err(e) => return fail(2, e.to_string()),
     };
-    let mut tensors = Vec::with_capacity(f.tensors.len());
+    let mut tensors = SPARE.with(|v| std::mem::take(&mut *v.borrow_mut()));
+    tensors.reserve(f.tensors.len());
     for d in &f.tensors {
         match tensor(cache, d) {
             Ok(t) => tensors.push(t),
@@ -145,8 +148,12 @@ fn serve(
                 });
             });
             let ran = cs.chip.run_with(program, RunOptions { trace: f.trace });
-            // The task's tensors go with it (as the program's closure did before).
-            CALL.with(|c| c.borrow_mut().take());
+            // The task's tensors go with it (as the program's closure did before); their
+            // list is kept for the next task.
+            if let Some(mut call) = CALL.with(|c| c.borrow_mut().take()) {
+                call.tensors.clear();
+                SPARE.with(|v| *v.borrow_mut() = call.tensors);
+            }
             match ran
                 .map_err(|e| {
                     // A failure caused by another chip (it died or aborted, or a wait on the
@@ -391,10 +398,12 @@ pub(crate) fn child_main(
     } else {
         Vec::new()
     };
+    // One buffer for the frames and one for the results, reused frame after frame.
+    let (mut bytes, mut reply) = (Vec::new(), Vec::new());
     for n in 0u64.. {
         let lane = crate::pipe::lane_of(lanes, n + 1);
-        match lane.next_frame(parent) {
-            Ok(Some((ident, Ok(bytes)))) => {
+        match lane.next_frame_into(parent, &mut bytes) {
+            Ok(Some((ident, Ok(())))) => {
                 let out = serve(
                     spec,
                     &programs,
@@ -403,7 +412,8 @@ pub(crate) fn child_main(
                     &cache,
                     &bytes,
                 );
-                lane.reply(ident, &out.encode(RESULT_CAP));
+                out.encode_into(RESULT_CAP, &mut reply);
+                lane.reply(ident, &reply);
                 // No frame waits behind it: the host most likely waits for this result,
                 // perhaps on this CPU; let it run before this child's own wait spins.
                 if !crate::pipe::lane_of(lanes, n + 2).frame_ready() {

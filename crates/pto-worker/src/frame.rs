@@ -446,9 +446,16 @@ impl Outcome {
     /// Encodes the result; the message is truncated to [`MAX_MESSAGE`] bytes and the trace
     /// dropped if it does not fit `cap` bytes.
     pub fn encode(&self, cap: usize) -> Vec<u8> {
-        let mut w = W(Vec::with_capacity(
-            24 + self.message.len().min(MAX_MESSAGE) + self.trace.len().min(cap),
-        ));
+        let mut v = Vec::new();
+        self.encode_into(cap, &mut v);
+        v
+    }
+
+    /// [`Outcome::encode`] into `out` (its bytes replaced): a child reuses one buffer.
+    pub fn encode_into(&self, cap: usize, out: &mut Vec<u8>) {
+        out.clear();
+        out.reserve(24 + self.message.len().min(MAX_MESSAGE) + self.trace.len().min(cap));
+        let mut w = W(std::mem::take(out));
         w.u32(self.status);
         w.u64(self.tasks);
         w.str(truncate(&self.message, MAX_MESSAGE));
@@ -458,7 +465,7 @@ impl Outcome {
             ""
         };
         w.str(trace);
-        w.0
+        *out = w.0;
     }
 
     /// Decodes a result.

@@ -197,17 +197,32 @@ impl Mailbox {
     }
 
     fn read_bytes(&self, off: usize, cap: usize, len: usize) -> Result<Vec<u8>, WorkerError> {
+        let mut v = Vec::new();
+        self.read_bytes_into(off, cap, len, &mut v)?;
+        Ok(v)
+    }
+
+    /// Copies `len` bytes at `off` (in an area of `cap`) into `v`, replacing its contents.
+    fn read_bytes_into(
+        &self,
+        off: usize,
+        cap: usize,
+        len: usize,
+        v: &mut Vec<u8>,
+    ) -> Result<(), WorkerError> {
         if len > cap {
             return Err(WorkerError::Corrupt(format!(
                 "mailbox {} claims {len} bytes in an area of {cap}",
                 self.name()
             )));
         }
+        v.clear();
+        v.reserve(len);
         // Not zeroed first: every byte is copied in below.
-        let mut v = Vec::with_capacity(len);
         // SAFETY: `off + len <= off + cap`, inside this mailbox's slot and so the segment; the
-        // protocol gives the reader this area after it acquired the state word. `v` has room
-        // for `len` bytes, all of which the copy initialises before the length is set.
+        // protocol gives the reader this area after it acquired the state word. `v` is empty
+        // with room for `len` bytes, all of which the copy initialises before the length is
+        // set.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.seg.as_ptr().add(self.base + off),
@@ -216,7 +231,7 @@ impl Mailbox {
             );
             v.set_len(len);
         };
-        Ok(v)
+        Ok(())
     }
 
     // ---- parent side ----
@@ -405,6 +420,24 @@ impl Mailbox {
         &self,
         parent: u32,
     ) -> Result<Option<(Ident, Result<Vec<u8>, WorkerError>)>, WorkerError> {
+        let mut buf = Vec::new();
+        Ok(self
+            .next_frame_into(parent, &mut buf)?
+            .map(|(ident, r)| (ident, r.map(|()| buf))))
+    }
+
+    /// [`Mailbox::next_frame`] into `buf` (its bytes replaced by the frame's): a child that
+    /// serves many frames reuses one buffer.
+    ///
+    /// # Errors
+    ///
+    /// A frame length past the mailbox.
+    #[allow(clippy::type_complexity)]
+    pub fn next_frame_into(
+        &self,
+        parent: u32,
+        buf: &mut Vec<u8>,
+    ) -> Result<Option<(Ident, Result<(), WorkerError>)>, WorkerError> {
         loop {
             if self.w32(260).load(Ordering::Acquire) != 0 {
                 return Ok(None);
@@ -438,9 +471,10 @@ impl Mailbox {
                     generation: self.w64(296).load(Ordering::Relaxed),
                 };
                 let len = self.w32(272).load(Ordering::Relaxed) as usize;
-                // Consume the publication before serving it.
+                let got = self.read_bytes_into(DATA, FRAME_CAP, len, buf);
+                // Consume the publication once it is copied out.
                 self.w32(256).store(IDLE, Ordering::Relaxed);
-                return Ok(Some((ident, self.read_bytes(DATA, FRAME_CAP, len))));
+                return Ok(Some((ident, got)));
             }
         }
     }
