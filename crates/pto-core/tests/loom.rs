@@ -182,7 +182,10 @@ fn orch_wait_model(by_task: bool) {
             let (wait, counts, done) = (wait.clone(), counts.clone(), done.clone());
             thread::spawn(move || {
                 done[id as usize].store(1, Ordering::Release);
-                counts[id as usize].fetch_add(1, Ordering::SeqCst);
+                // Each finisher's own count (one writer): a load and a store, as
+                // `Engine::count_finished` raises a thread slot's count.
+                let c = &counts[id as usize];
+                c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
                 wait.finished(id, || {
                     counts[0].load(Ordering::SeqCst) + counts[1].load(Ordering::SeqCst)
                 });
@@ -309,11 +312,12 @@ fn a_finishing_thread_writes_the_body_only_with_no_reader_inside() {
                 })
             })
             .collect();
-        if gate.close() {
+        let alone = gate.close();
+        if alone {
             // SAFETY (model): no reader inside, and none can enter.
             body.with_mut(|p| unsafe { *p = 7 });
         }
-        gate.reopen();
+        gate.reopen(alone);
         for r in readers {
             r.join().unwrap();
         }

@@ -348,10 +348,18 @@ impl Engine {
             .map_or(CoreKind::Aiv, |k| k.kind());
         if core.kind == kind && *streak < IMMEDIATE_LIMIT {
             *streak += 1;
-            self.slab.get(c).set_state(State::Ready);
-            if let Some(job) = self.claim_block(c, core) {
-                return Some(job);
-            }
+            let cs = self.slab.get(c);
+            cs.set_state(State::Ready);
+            // This thread made `c` ready (its fan-in reached zero here) and queued it nowhere:
+            // no other thread can claim a block of it until `run_block` queues its later
+            // blocks (a release). Its first block is taken with a plain store, not the
+            // `fetch_add` of a queued task's claim.
+            cs.blocks_next.store(1, Ordering::Relaxed);
+            return Some(Job {
+                slot: c,
+                block: 0,
+                core,
+            });
         }
         *streak = 0;
         self.push_job(c);
@@ -493,7 +501,7 @@ impl Engine {
                 s.root.store(root, Ordering::Release);
             }
             s.set_state(state);
-            for c in s.succ.finish() {
+            s.succ.finish_each(|c| {
                 let cs = self.slab.get(c);
                 if root != 0 {
                     let _ = cs
@@ -513,7 +521,7 @@ impl Engine {
                         self.push_job(c);
                     }
                 }
-            }
+            });
             if s.extra.load(Ordering::Acquire) {
                 // Registered borrows end with the task.
                 s.borrows.lock().take();
@@ -526,12 +534,13 @@ impl Engine {
             // orchestrating thread will write next (see `Slot::take_lines`). Not on the
             // orchestrating thread (a dummy or poisoned task): its lines are there already.
             if tid.is_some() {
-                if s.readers.close() {
+                let alone = s.readers.close();
+                if alone {
                     // SAFETY: this thread finishes the task and still holds its reference,
                     // and no reader holds the body.
                     unsafe { s.take_lines() };
                 }
-                s.readers.reopen();
+                s.readers.reopen(alone);
             }
             // The body may be reclaimed from here on: nothing below reads it.
             s.refs.fetch_sub(1, Ordering::AcqRel);

@@ -7,7 +7,8 @@
 //! (see `Slot::take_lines`); it may only do so while no scan reads them. One word settles it:
 //! a reader pins by raising a count unless the word is closed; the finishing thread closes it
 //! with one `fetch_or`, which also tells it whether a reader is inside, and opens it again
-//! when it is done with the body. A reader that finds it closed skips the task, which is
+//! when it is done with the body (with a plain store when no reader was inside: none could
+//! enter since, so nothing else changed the word). A reader that finds it closed skips the task, which is
 //! finishing and holds no bytes any more (or, if it must read, tries again: the window is a
 //! few stores long). Modelled with loom in `tests/loom.rs`. See
 //! `docs/design/chip-scheduler.md`.
@@ -28,9 +29,15 @@ impl ReaderGate {
     }
 
     /// Opens the gate the caller closed (the finishing thread, done with the body); readers
-    /// inside, if any, stay counted.
-    pub fn reopen(&self) {
-        self.0.fetch_and(!CLOSED, Ordering::Release);
+    /// inside, if any, stay counted. `alone` is what [`ReaderGate::close`] returned: with no
+    /// reader inside none could enter and none can leave, so the word is `CLOSED` alone and a
+    /// plain store opens it (no locked instruction on the path of every task).
+    pub fn reopen(&self, alone: bool) {
+        if alone {
+            self.0.store(0, Ordering::Release);
+        } else {
+            self.0.fetch_and(!CLOSED, Ordering::Release);
+        }
     }
 
     /// Pins the body for reading; false once the finishing thread closed it. Pair with

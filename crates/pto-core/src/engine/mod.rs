@@ -271,13 +271,22 @@ impl Engine {
     }
 
     /// Counts a finished task (on core thread `tid`, or elsewhere) and wakes the orchestrating
-    /// thread if it waits for this many. The increment and the load of `wake_at` pair with the
-    /// orchestrator's store of `wake_at` (or `wake_task`) and its sum (all `SeqCst`).
+    /// thread if it waits for this many. The increment, then the `SeqCst` fence in
+    /// [`OrchWait::finished`] and its load of `wake_at`, pair with the orchestrator's store of
+    /// `wake_at` (or `wake_task`), its fence and its sum.
+    ///
+    /// A thread slot's count has one writer, the thread `tid` names (a core thread, or the
+    /// orchestrating thread in the last slot), so it is raised with a load and a store: no
+    /// locked instruction (the fence that follows orders it before the load of `wake_at`).
     pub(crate) fn count_finished(&self, tid: Option<usize>, id: u64) {
         match tid.and_then(|t| self.threads.get(t)) {
-            Some(t) => t.finished.fetch_add(1, Ordering::SeqCst),
-            None => self.finished_other.fetch_add(1, Ordering::SeqCst),
-        };
+            Some(t) => t
+                .finished
+                .store(t.finished.load(Ordering::Relaxed) + 1, Ordering::Release),
+            None => {
+                self.finished_other.fetch_add(1, Ordering::SeqCst);
+            }
+        }
         self.orch.finished(id, || self.finished_total());
     }
 

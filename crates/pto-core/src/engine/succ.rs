@@ -85,21 +85,29 @@ impl SuccList {
     /// Closes the list (the producer finished) and returns every consumer published before.
     /// Called once per task.
     pub fn finish(&self) -> SmallVec<[u32; 8]> {
+        let mut out = SmallVec::new();
+        self.finish_each(|c| out.push(c));
+        out
+    }
+
+    /// [`SuccList::finish`], handing each consumer to `f` in order instead of collecting
+    /// them (the path of every finishing task: no list is built).
+    pub fn finish_each(&self, mut f: impl FnMut(u32)) {
         let w = self.word.fetch_or(FINISHED, Ordering::AcqRel);
         debug_assert!(w & FINISHED == 0, "a task finished twice");
         let n = (w & !FINISHED) as usize;
-        let mut out: SmallVec<[u32; 8]> = self.inline[..n.min(INLINE)]
-            .iter()
-            .map(|e| e.load(Ordering::Relaxed))
-            .collect();
+        for e in &self.inline[..n.min(INLINE)] {
+            f(e.load(Ordering::Relaxed));
+        }
         if n > INLINE {
-            let v = self
+            // Copied out first: `f` may take other locks.
+            let rest: Vec<u32> = self
                 .overflow
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            out.extend_from_slice(&v[..n - INLINE]);
+                .unwrap_or_else(std::sync::PoisonError::into_inner)[..n - INLINE]
+                .to_vec();
+            rest.into_iter().for_each(f);
         }
-        out
     }
 
     /// True once [`SuccList::finish`] ran.
