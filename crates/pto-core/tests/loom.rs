@@ -36,14 +36,13 @@ fn check(name: &str, bound: Option<usize>, f: impl Fn() + Sync + Send + 'static)
 }
 
 /// The orchestrator wires `consumers` consumers to one producer while another thread finishes
-/// the producer. A consumer's fan-in starts at 1 (the wiring guard) plus one for the edge about
-/// to be wired; the orchestrator subtracts the guard and, when the edge was refused, the edge in
-/// one step (or, when no edge was added, stores zero: nobody else reaches the count), and
-/// whoever takes it to zero releases it: every consumer must be released exactly once, and
-/// never before the producer finished.
+/// the producer. A consumer's fan-in starts at 1, for the edge about to be wired (no guard);
+/// when the edge was refused, no other thread can reach the count and the orchestrator stores
+/// zero and releases it, else the finishing thread takes it to zero and releases it: every
+/// consumer must be released exactly once, and never before the producer finished.
 fn wiring_model(consumers: usize) {
     let succ = Arc::new(SuccList::default());
-    let fanin: Arc<Vec<AtomicU32>> = Arc::new((0..consumers).map(|_| AtomicU32::new(2)).collect());
+    let fanin: Arc<Vec<AtomicU32>> = Arc::new((0..consumers).map(|_| AtomicU32::new(1)).collect());
     let released: Arc<Vec<AtomicU32>> =
         Arc::new((0..consumers).map(|_| AtomicU32::new(0)).collect());
     let finished = Arc::new(AtomicU32::new(0));
@@ -72,22 +71,14 @@ fn wiring_model(consumers: usize) {
         })
     };
     for c in 0..consumers {
-        let mut unwired = 1;
         if succ.is_finished() || !succ.push(c as u32) {
-            // The producer finished: no edge.
-            unwired += 1;
+            // The producer finished: no edge, and nobody else reaches the count (a plain
+            // store, as in commit).
             assert!(succ.is_finished());
-        }
-        if unwired == 2 {
-            // No edge was added: nobody else reaches the count (a plain store, as in commit).
             fanin[c].store(0, Ordering::Relaxed);
-            assert!(succ.is_finished());
-            released[c].fetch_add(1, Ordering::Relaxed);
-        } else if fanin[c].fetch_sub(unwired, Ordering::AcqRel) == unwired {
-            // Ready at submit: its producer must have finished.
-            assert!(succ.is_finished());
             released[c].fetch_add(1, Ordering::Relaxed);
         }
+        // Else the edge exists: the finishing thread releases it; nothing to do here.
     }
     finisher.join().unwrap();
     for c in 0..consumers {
@@ -95,11 +86,67 @@ fn wiring_model(consumers: usize) {
     }
 }
 
+/// One consumer of two producers, each finished by its own thread while the orchestrator wires
+/// both edges without a guard: the fan-in starts at 2, the orchestrator counts off the refused
+/// edges in one subtraction at the end (a plain store when both were refused), and whoever
+/// takes it to zero releases it: exactly once, and only after both producers finished.
+fn two_producer_model() {
+    let succ: Arc<[SuccList; 2]> = Arc::new([SuccList::default(), SuccList::default()]);
+    let fanin = Arc::new(AtomicU32::new(2));
+    let released = Arc::new(AtomicU32::new(0));
+    let finished: Arc<[AtomicU32; 2]> = Arc::new([AtomicU32::new(0), AtomicU32::new(0)]);
+    let release = |released: &AtomicU32, finished: &[AtomicU32; 2]| {
+        for (p, f) in finished.iter().enumerate() {
+            assert_eq!(
+                f.load(Ordering::Acquire),
+                1,
+                "released before producer {p} finished"
+            );
+        }
+        released.fetch_add(1, Ordering::Relaxed);
+    };
+    let finishers: Vec<_> = (0..2)
+        .map(|p| {
+            let (succ, fanin, released, finished) = (
+                succ.clone(),
+                fanin.clone(),
+                released.clone(),
+                finished.clone(),
+            );
+            thread::spawn(move || {
+                finished[p].store(1, Ordering::Release);
+                for _c in succ[p].finish() {
+                    if fanin.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        release(&released, &finished);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut unwired = 0;
+    for s in succ.iter() {
+        if s.is_finished() || !s.push(0) {
+            unwired += 1;
+        }
+    }
+    if unwired == 2 {
+        fanin.store(0, Ordering::Relaxed);
+        release(&released, &finished);
+    } else if unwired > 0 && fanin.fetch_sub(unwired, Ordering::AcqRel) == unwired {
+        release(&released, &finished);
+    }
+    for h in finishers {
+        h.join().unwrap();
+    }
+    assert_eq!(released.load(Ordering::Relaxed), 1);
+}
+
 #[test]
 fn an_edge_is_never_added_to_a_finished_producer_nor_lost() {
     check("wiring, 2 consumers", None, || wiring_model(2));
     // Past the inline entries: the overflow vector and its lock.
     check("wiring, 6 consumers", Some(2), || wiring_model(6));
+    check("wiring, 2 producers", Some(3), two_producer_model);
 }
 
 /// `producers` threads each queue `items` units of work (a counter) and notify; `workers`

@@ -102,7 +102,7 @@ pub(crate) struct Slot {
     pub(crate) id: AtomicU64,
     /// `1 + id` of the failed task this one is poisoned by (its own, if it failed), or 0.
     pub(crate) root: AtomicU64,
-    /// Unfinished producers, plus one while the orchestrator is still wiring the task.
+    /// Producers whose edges are wired (or about to be) and that have not finished.
     pub(crate) fanin: AtomicU32,
     /// Why the slot must stay: one while the task is unfinished, one per consumer that retains
     /// it and has not finished. Reclaimable at zero once its scope has ended (which only the
@@ -219,8 +219,7 @@ impl Slot {
     }
 
     /// Publishes the task filled in with [`Slot::body_mut`]: resets the shared state and sets
-    /// its id. `fanin` counts the edges about to be wired plus one for the orchestrating
-    /// thread's guard (see `Orchestrator::commit`).
+    /// its id. `fanin` counts the edges about to be wired (see `Orchestrator::commit`).
     ///
     /// # Safety
     ///

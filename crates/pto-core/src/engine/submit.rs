@@ -559,10 +559,14 @@ impl Orchestrator {
                 b.payload.extras = 1;
             }
         }
-        // The fan-in starts at one guard plus one per producer about to be wired, so wiring
-        // takes no atomic on this node: a producer that finished first (or while its edge was
-        // being added) is counted off with the guard, in one subtraction at publish.
-        let fanin = 1 + wire.len() as u32;
+        // The fan-in starts at one per producer about to be wired, so wiring takes no atomic
+        // on this node: a producer that finished first (or while its edge was being added) is
+        // counted off in one subtraction at publish. No guard is needed: the node is complete
+        // before the first edge exists, and a producer only takes off an edge it holds, so the
+        // count reaches zero only once every wired producer finished and every refused edge
+        // was counted off. When every edge was added, the finishing producers alone release
+        // the task (this thread then touches the node no more: no locked instruction here).
+        let fanin = wire.len() as u32;
         // SAFETY: the body is filled; the slot is still free for every other thread.
         unsafe { s.install(id, fanin) };
         if deferred {
@@ -577,7 +581,7 @@ impl Orchestrator {
         }
         // Wire: an edge to every live producer not finished yet. (A finished one is only
         // read: its node's line is not taken away from the thread that finished it.)
-        let mut unwired = 1;
+        let mut unwired = 0;
         for &p in &wire {
             let ps = slab.get(p);
             if ps.succ.is_finished() || !ps.succ.push(slot) {
@@ -606,13 +610,14 @@ impl Orchestrator {
             stats.dummy += 1;
         }
         engine.submitted.store(*next_id, Ordering::Release);
-        // Publish: drop the guard and the edges not wired; the task is ready if every producer
+        // Publish: count off the edges not wired; the task is ready if every producer
         // finished. With no edge added no other thread can reach the count (and every producer
-        // was seen finished with an acquire): a plain store, no locked instruction.
+        // was seen finished with an acquire): a plain store, no locked instruction. With every
+        // edge added there is nothing to count off (the last producer to finish releases it).
         if unwired == fanin {
             s.fanin.store(0, Ordering::Relaxed);
             release(engine, slot, dummy);
-        } else if s.fanin.fetch_sub(unwired, Ordering::AcqRel) == unwired {
+        } else if unwired > 0 && s.fanin.fetch_sub(unwired, Ordering::AcqRel) == unwired {
             release(engine, slot, dummy);
         }
         // Ready tasks are published to the core threads in batches (see `push_from_orch`).
