@@ -329,11 +329,13 @@ impl Tiles {
             // Every entry is a dependency unless retired; none stays unless it failed (it
             // poisons every later access).
             let mut failed = false;
+            // The writer's edge, unless a live reader of this tile makes it redundant (below).
+            let mut writer_dep = false;
             if w != NO_TASK {
                 removed += 1;
                 match live(w) {
                     Liveness::Retired => {}
-                    Liveness::Live => deps.push(w),
+                    Liveness::Live => writer_dep = true,
                     Liveness::RetiredFailed => {
                         deps.push(w);
                         failed = true;
@@ -341,6 +343,9 @@ impl Tiles {
                 }
             }
             let Some(x) = self.extras.get_mut(t.extra as usize) else {
+                if writer_dep {
+                    deps.push(w);
+                }
                 if failed {
                     self.extra_mut(i).failed.push(w);
                     removed -= 1;
@@ -348,16 +353,29 @@ impl Tiles {
                 return removed;
             };
             let mut others = false;
-            for &y in x.failed.iter().chain(&x.readers) {
+            let mut live_reader = false;
+            let n_failed = x.failed.len();
+            for (k, &y) in x.failed.iter().chain(&x.readers).enumerate() {
                 removed += 1;
                 match live(y) {
                     Liveness::Retired => {}
-                    Liveness::Live => deps.push(y),
+                    Liveness::Live => {
+                        deps.push(y);
+                        live_reader |= k >= n_failed;
+                    }
                     Liveness::RetiredFailed => {
                         deps.push(y);
                         others = true;
                     }
                 }
+            }
+            // Every reader listed here read the tile after `w` wrote it, so it finishes after
+            // `w` (an edge was wired, or `w` had finished when it was submitted) and is
+            // poisoned if `w` fails: with one of them live, an edge to it orders this write
+            // after `w` too, and the edge to `w` would be redundant (transitive). One locked
+            // append fewer per write-after-read (a diamond's task: three edges, not four).
+            if writer_dep && !live_reader {
+                deps.push(w);
             }
             if others {
                 x.failed.retain(|y| live(*y) == Liveness::RetiredFailed);
