@@ -15,12 +15,16 @@ use rustix::thread::futex;
 /// early on a wake, a value change, a signal, or a spurious wake-up; callers re-check their
 /// condition in a loop.
 pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    wait_with(word, futex::Flags::empty(), expected, timeout);
+}
+
+fn wait_with(word: &AtomicU32, flags: futex::Flags, expected: u32, timeout: Option<Duration>) {
     let ts = timeout.map(|d| rustix::time::Timespec {
         tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
         tv_nsec: i64::from(d.subsec_nanos()),
     });
     // Errors (EAGAIN when the value already changed, ETIMEDOUT, EINTR) all mean "re-check".
-    let _ = futex::wait(word, futex::Flags::empty(), expected, ts.as_ref());
+    let _ = futex::wait(word, flags, expected, ts.as_ref());
 }
 
 /// Wakes up to `n` sleepers on `word`.
@@ -36,11 +40,7 @@ pub fn wake_all(word: &AtomicU32) -> usize {
 /// [`wait`] on a word that only this process's threads use (`FUTEX_PRIVATE_FLAG`): a wake
 /// must come from [`wake_private`] in this process.
 pub fn wait_private(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
-    let ts = timeout.map(|d| rustix::time::Timespec {
-        tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
-        tv_nsec: i64::from(d.subsec_nanos()),
-    });
-    let _ = futex::wait(word, futex::Flags::PRIVATE, expected, ts.as_ref());
+    wait_with(word, futex::Flags::PRIVATE, expected, timeout);
 }
 
 /// Wakes up to `n` sleepers of [`wait_private`] on `word`.
