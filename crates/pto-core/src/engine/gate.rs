@@ -8,9 +8,9 @@
 //! a reader pins by raising a count unless the word is closed; the finishing thread closes it
 //! with one `fetch_or`, which also tells it whether a reader is inside, and opens it again
 //! when it is done with the body (with a plain store when no reader was inside: none could
-//! enter since, so nothing else changed the word). A reader that finds it closed skips the task, which is
-//! finishing and holds no bytes any more (or, if it must read, tries again: the window is a
-//! few stores long). Modelled with loom in `tests/loom.rs`. See
+//! enter since, so nothing else changed the word). A reader that finds it closed skips the
+//! task, which is finishing and holds no bytes any more (or, if it must read, tries again: the
+//! window is a few stores long). Modelled with loom in `tests/loom.rs`. See
 //! `docs/design/chip-scheduler.md`.
 
 use super::sync::{AtomicU32, Ordering};
