@@ -345,6 +345,8 @@ pub(crate) mod pool {
     const KEEP: usize = 32;
     /// Larger vectors are freed rather than kept.
     const MAX_CAPACITY: usize = 16;
+    /// Lines of a vector given back that are fetched for writing.
+    const PREFETCH_LINES: usize = 5;
 
     thread_local! {
         static POOL: RefCell<Vec<Vec<TensorArg>>> = const { RefCell::new(Vec::new()) };
@@ -358,11 +360,19 @@ pub(crate) mod pool {
             .unwrap_or_else(|| Vec::with_capacity(4))
     }
 
-    /// Gives an emptied vector back.
-    pub(crate) fn give(mut v: Vec<TensorArg>) {
+    /// Gives an emptied vector back; the next task most likely has `next_len` arguments.
+    pub(crate) fn give(mut v: Vec<TensorArg>, next_len: usize) {
         v.clear();
         if v.capacity() == 0 || v.capacity() > MAX_CAPACITY {
             return;
+        }
+        // The next task's arguments go into this vector (the pool is last in, first out).
+        // Its lines were last read by the core thread that ran the task it held, so writing
+        // them would wait for that copy to be invalidated: ask for the lines the next task
+        // will most likely write.
+        let bytes = next_len.min(v.capacity()) * std::mem::size_of::<TensorArg>();
+        for l in 0..bytes.div_ceil(64).min(PREFETCH_LINES) {
+            pto_shm::sync::prefetch_write(v.as_ptr().cast::<u8>().wrapping_add(l * 64));
         }
         let _ = POOL.try_with(|p| {
             let mut p = p.borrow_mut();

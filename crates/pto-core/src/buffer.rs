@@ -187,9 +187,6 @@ impl Borrows {
     }
 }
 
-// Aligned to a cache line: the orchestrating thread counts references to a buffer (in the
-// `Arc`'s header) for every task while core threads read these fields.
-#[repr(align(64))]
 // Aligned to a cache line: behind `Arc`'s reference counts, which the orchestrating thread
 // updates for every task that names the buffer (a clone into the arguments, a drop at
 // retirement), these fields, which core threads read for every task (the memory, the

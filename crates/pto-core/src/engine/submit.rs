@@ -506,7 +506,8 @@ impl Orchestrator {
             }
         }
         std::mem::swap(&mut b.payload.tensors, &mut tensors);
-        crate::args::pool::give(tensors);
+        let next_len = b.payload.tensors.len();
+        crate::args::pool::give(tensors, next_len);
         // Explicit dependencies and producers of runtime outputs name tasks by id: find their
         // nodes among the live ones (the TensorMap knows tasks by node). `root` is `1 + id` of
         // a failed task that poisons this one, or 0.
