@@ -195,6 +195,22 @@ impl Slot {
         }
     }
 
+    /// Asks for the lines of the node's tensor arguments (a vector of their own, which core
+    /// threads read when the task runs) for writing: retiring the task drops them, and the
+    /// emptied vector then takes the arguments of a task to come.
+    ///
+    /// # Safety
+    ///
+    /// Only the orchestrating thread calls it (the one thread that writes the vector).
+    pub(crate) unsafe fn prefetch_args(&self) {
+        // SAFETY: per the contract no other thread writes the body now.
+        let t = &unsafe { self.body() }.payload.tensors;
+        let bytes = t.len() * std::mem::size_of::<crate::args::TensorArg>();
+        for line in 0..bytes.div_ceil(64).min(5) {
+            pto_shm::sync::prefetch_write(t.as_ptr().cast::<u8>().wrapping_add(line * 64));
+        }
+    }
+
     /// The body of the task in this slot.
     ///
     /// # Safety

@@ -24,6 +24,11 @@ impl Orchestrator {
                 if let Some(ahead) = self.mem.rings[r].live.get(RECLAIM_AHEAD) {
                     self.engine.slab.get(ahead.slot).prefetch_lines(4);
                 }
+                // Then, once its head has arrived, the lines of its tensor arguments.
+                if let Some(ahead) = self.mem.rings[r].live.get(RECLAIM_AHEAD / 2) {
+                    // SAFETY: this is the orchestrating thread.
+                    unsafe { self.engine.slab.get(ahead.slot).prefetch_args() };
+                }
                 if self.mem.aux[front.slot as usize].scope_open {
                     break;
                 }
