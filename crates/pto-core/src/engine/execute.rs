@@ -16,6 +16,10 @@ use super::slab::{Body, State};
 use super::{encode_current, queue_of, Engine, TOKEN_TASK_BITS, TOKEN_TASK_MASK};
 use crate::args::{ArgMode, OutInit, TaskId, TensorArg};
 use crate::buffer::BorrowSet;
+
+/// Lines of each consumer node asked for while its producer runs: the fan-in and the state
+/// the finishing thread writes, and what it reads once the consumer is ready.
+const CONSUMER_LINES: usize = 2;
 use crate::error::TaskFailure;
 use crate::kernel::{CoreId, CoreKind, KernelCtx, Registrations};
 use crate::trace::{now_us, TraceEvent};
@@ -281,6 +285,13 @@ impl Engine {
         if job.block + 1 < n {
             // More blocks: let other threads take them now.
             self.push_ready(job.slot, job.core.kind);
+        }
+        if n == 1 {
+            // This thread will count this task off each consumer's fan-in when it finishes:
+            // ask for those nodes now (the orchestrating thread wrote them last), so that
+            // their lines arrive while the kernel runs.
+            s.succ
+                .peek_each(|c| self.slab.get(c).prefetch_lines(CONSUMER_LINES));
         }
         let (result, times, regs) = match conflict {
             // A later block collided: it fails without running; the others finish normally.

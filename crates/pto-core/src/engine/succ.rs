@@ -110,6 +110,16 @@ impl SuccList {
         }
     }
 
+    /// Calls `f` with each consumer held in the node that was published so far: a hint for
+    /// the thread about to run the producer (more may be published later, and the list is not
+    /// closed). Any thread may call it.
+    pub fn peek_each(&self, mut f: impl FnMut(u32)) {
+        let n = (self.word.load(Ordering::Acquire) & !FINISHED) as usize;
+        for e in &self.inline[..n.min(INLINE)] {
+            f(e.load(Ordering::Relaxed));
+        }
+    }
+
     /// True once [`SuccList::finish`] ran.
     pub fn is_finished(&self) -> bool {
         self.word.load(Ordering::Acquire) & FINISHED != 0
