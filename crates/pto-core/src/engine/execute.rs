@@ -18,8 +18,9 @@ use crate::args::{ArgMode, OutInit, TaskId, TensorArg};
 use crate::buffer::BorrowSet;
 
 /// Lines of each consumer node asked for while its producer runs: the fan-in and the state
-/// the finishing thread writes, and what it reads once the consumer is ready.
-const CONSUMER_LINES: usize = 2;
+/// the finishing thread writes, and the body's head that the consumer's first block reads
+/// (its block count and its arguments' vector).
+const CONSUMER_LINES: usize = 4;
 use crate::error::TaskFailure;
 use crate::kernel::{CoreId, CoreKind, KernelCtx, Registrations};
 use crate::trace::{now_us, TraceEvent};
