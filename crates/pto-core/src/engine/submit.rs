@@ -6,6 +6,7 @@
 
 mod memory;
 pub(crate) use memory::RunMemory;
+use memory::Scratch;
 mod retire;
 
 use std::sync::atomic::Ordering;
@@ -394,8 +395,17 @@ impl Orchestrator {
             scopes,
             aux,
             kept,
+            scratch,
             ..
         } = &mut **mem;
+        let Scratch {
+            deps,
+            explicit,
+            wire,
+        } = scratch;
+        deps.clear();
+        explicit.clear();
+        wire.clear();
         let engine: &Engine = engine;
         let slab = &engine.slab;
         let s = slab.get(slot);
@@ -434,8 +444,6 @@ impl Orchestrator {
         };
         let live = |x: TaskRef| liveness(aux, retired_failed, x);
         let mut outputs = Vec::with_capacity(out_offsets.len());
-        let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
-        let mut explicit: SmallVec<[u64; 2]> = SmallVec::new();
         for d in &args.deps {
             explicit.push(d.0);
         }
@@ -471,7 +479,7 @@ impl Orchestrator {
                 write,
                 me,
                 live,
-                &mut deps,
+                deps,
             );
         }
         // Runtime outputs become tensors in place; then the vector moves into the node whole
@@ -512,7 +520,7 @@ impl Orchestrator {
         // nodes among the live ones (the TensorMap knows tasks by node). `root` is `1 + id` of
         // a failed task that poisons this one, or 0.
         let mut root = 0u64;
-        for &d in &explicit {
+        for &d in explicit.iter() {
             if let Some(r) = rings.iter().flat_map(|r| r.live.iter()).find(|t| t.id == d) {
                 deps.push(*r);
             } else if let Some(failed) = retired_failed.get(&d) {
@@ -541,8 +549,7 @@ impl Orchestrator {
         // outlive this task's reads) and which poison it. The ids of producers not retained
         // are kept for traces (a retained one's id is read from its node).
         let trace_ids = cfg!(test) || engine.tracing.load(Ordering::Relaxed);
-        let mut wire: SmallVec<[u32; 8]> = SmallVec::new();
-        for d in &deps {
+        for d in deps.iter() {
             if d.id == id {
                 continue;
             }
@@ -583,7 +590,7 @@ impl Orchestrator {
         // Wire: an edge to every live producer not finished yet. (A finished one is only
         // read: its node's line is not taken away from the thread that finished it.)
         let mut unwired = 0;
-        for &p in &wire {
+        for &p in wire.iter() {
             let ps = slab.get(p);
             if ps.succ.is_finished() || !ps.succ.push(slot) {
                 unwired += 1;
@@ -655,7 +662,7 @@ impl Orchestrator {
         t: &Tensor,
         write: bool,
     ) -> Result<(usize, u64), OrchError> {
-        let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+        let mut deps = Vec::new();
         let (aux, retired) = (&self.mem.aux, &self.mem.retired_failed);
         self.mem.tmap.lookup(
             t.buffer().id(),

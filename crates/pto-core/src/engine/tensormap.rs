@@ -17,7 +17,6 @@
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
-use smallvec::SmallVec;
 
 use super::TaskRef;
 use crate::geometry::{overlap, Overlap, Region};
@@ -216,7 +215,7 @@ impl BufIndex {
         probe: &Probe,
         write: bool,
         mut live: impl FnMut(TaskRef) -> Liveness,
-        deps: &mut SmallVec<[TaskRef; 8]>,
+        deps: &mut Vec<TaskRef>,
     ) {
         let (s, e) = (probe.start, probe.end);
         let first = tiles.order.partition_point(|&(_, te, _)| te <= s);
@@ -244,7 +243,7 @@ impl BufIndex {
         probe: &Probe,
         write: bool,
         mut live: impl FnMut(TaskRef) -> Liveness,
-        deps: &mut SmallVec<[TaskRef; 8]>,
+        deps: &mut Vec<TaskRef>,
     ) -> usize {
         let (s, e, contig) = (probe.start, probe.end, probe.contig);
         let mut removed = 0;
@@ -455,7 +454,7 @@ impl TensorMap {
         probe: &Probe,
         write: bool,
         live: impl FnMut(TaskRef) -> Liveness,
-        deps: &mut SmallVec<[TaskRef; 8]>,
+        deps: &mut Vec<TaskRef>,
     ) {
         if probe.start == probe.end {
             return;
@@ -484,7 +483,7 @@ impl TensorMap {
         write: bool,
         task: TaskRef,
         live: impl FnMut(TaskRef) -> Liveness,
-        deps: &mut SmallVec<[TaskRef; 8]>,
+        deps: &mut Vec<TaskRef>,
     ) {
         let i = self.place(buffer);
         let idx = &mut self.indexes[i];

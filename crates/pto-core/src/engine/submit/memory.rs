@@ -37,6 +37,18 @@ pub(crate) struct RunMemory {
     pub(super) scopes: Vec<Scope>,
     /// Deferred tasks a reclaim retired, to leave the engine's map of them in one batch.
     pub(super) retired_deferred: Vec<u64>,
+    /// A commit's working lists (its producers, the ids it names, the producers it wires),
+    /// emptied and reused by every commit: no inline-or-heap check at each push, as a
+    /// `SmallVec`'s costs.
+    pub(super) scratch: Scratch,
+}
+
+/// See [`RunMemory::scratch`].
+#[derive(Default)]
+pub(crate) struct Scratch {
+    pub(super) deps: Vec<TaskRef>,
+    pub(super) explicit: Vec<u64>,
+    pub(super) wire: Vec<u32>,
 }
 
 impl Orchestrator {

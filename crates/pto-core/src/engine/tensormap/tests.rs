@@ -2,8 +2,6 @@
 
 use proptest::prelude::*;
 
-use smallvec::SmallVec;
-
 use super::{Liveness, Probe, TensorMap};
 use crate::dtype::DType;
 use crate::engine::TaskRef;
@@ -85,7 +83,7 @@ proptest! {
                 Some(true) => Liveness::RetiredFailed,
                 Some(false) => Liveness::Retired,
             };
-            let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+            let mut deps: Vec<TaskRef> = Vec::new();
             m.access(buf, &r, &Probe::of(&r), write, me, live, &mut deps);
             prop_assert_eq!(m.entries, m.len());
             // Against a model of every earlier access of the same buffer: each dependency
@@ -188,7 +186,7 @@ fn tile_regions_read_back_exactly_and_keep_their_dependencies() {
     }
     regions.push(Region::checked(DType::I64, 7, &[1], &[3]).unwrap());
     for (n, r) in regions.iter().enumerate() {
-        let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+        let mut deps: Vec<TaskRef> = Vec::new();
         m.access(7, r, &Probe::of(r), true, task(n as u64), live, &mut deps);
         assert!(deps.is_empty(), "task {n}: {deps:?}");
     }
@@ -204,7 +202,7 @@ fn tile_regions_read_back_exactly_and_keep_their_dependencies() {
     // lattice, the runs only by their bytes (other strides: conservatively every run the
     // extent reaches).
     let probe = Region::checked(DType::I64, 0, &[4], &[3]).unwrap();
-    let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+    let mut deps: Vec<TaskRef> = Vec::new();
     m.lookup(7, &probe, &Probe::of(&probe), false, live, &mut deps);
     let mut ids: Vec<u64> = deps.iter().map(|d| d.id).collect();
     ids.sort_unstable();
@@ -212,7 +210,7 @@ fn tile_regions_read_back_exactly_and_keep_their_dependencies() {
     // A read of elements 1..3 overlaps two tiles partly: the buffer turns general, and a
     // write of elements 0..8 then depends on every writer and that reader.
     let r = Region::contiguous(DType::I64, 1, &[2]);
-    let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+    let mut deps: Vec<TaskRef> = Vec::new();
     m.access(7, &r, &Probe::of(&r), false, task(5), live, &mut deps);
     let i = m.bufs[&7] as usize;
     assert!(m.indexes[i].tiles.is_none(), "turned general");
@@ -220,7 +218,7 @@ fn tile_regions_read_back_exactly_and_keep_their_dependencies() {
     ids.sort_unstable();
     assert_eq!(ids, vec![1, 2]);
     let all = Region::contiguous(DType::I64, 0, &[8]);
-    let mut deps: SmallVec<[TaskRef; 8]> = SmallVec::new();
+    let mut deps: Vec<TaskRef> = Vec::new();
     m.access(7, &all, &Probe::of(&all), true, task(6), live, &mut deps);
     let mut ids: Vec<u64> = deps.iter().map(|d| d.id).collect();
     ids.sort_unstable();

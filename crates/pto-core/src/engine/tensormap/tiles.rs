@@ -300,7 +300,7 @@ impl Tiles {
         i: usize,
         write: bool,
         mut live: impl FnMut(TaskRef) -> Liveness,
-        deps: &mut SmallVec<[TaskRef; 8]>,
+        deps: &mut Vec<TaskRef>,
     ) {
         let (writers, readers) = self.tasks(i);
         let readers = if write { readers } else { &[] };
@@ -319,7 +319,7 @@ impl Tiles {
         write: bool,
         task: TaskRef,
         mut live: impl FnMut(TaskRef) -> Liveness,
-        deps: &mut SmallVec<[TaskRef; 8]>,
+        deps: &mut Vec<TaskRef>,
     ) -> usize {
         let t = &mut self.tiles[i];
         let w = t.writer;
