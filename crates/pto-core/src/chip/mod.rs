@@ -591,7 +591,9 @@ impl Drop for Chip {
     fn drop(&mut self) {
         self.engine.shutdown.store(true, Ordering::SeqCst);
         self.engine.sleep.notify_all();
-        self.engine.orch_idle();
+        // The reserved thread may be parked on the reserve (released without a wake-up when
+        // no work waited): wake it too, or joining it waits for its park's deadline.
+        self.engine.reserve.release_now();
         if self.broken.lock().is_some() {
             // A thread is stuck in a kernel that never returned: do not wait for it. It exits
             // on its own if the kernel ever returns.

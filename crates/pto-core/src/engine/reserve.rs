@@ -62,6 +62,17 @@ impl Reserve {
         }
     }
 
+    /// Shutdown: releases the reserved thread and wakes it whether or not work waits, so that
+    /// it sees the shutdown now rather than when its park's deadline passes (a chip's drop
+    /// would otherwise wait up to that deadline to join it).
+    pub fn release_now(&self) {
+        self.busy.store(0, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) > 0 {
+            self.busy.unpark_all();
+        }
+    }
+
     /// True while the orchestrating thread is busy (the reserved thread should keep out).
     pub fn is_held(&self) -> bool {
         self.busy.load(Ordering::Acquire) == 1
@@ -77,5 +88,39 @@ impl Reserve {
         }
         self.parked.fetch_sub(1, Ordering::SeqCst);
         !self.is_held()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// At shutdown the reserved thread is woken even when no work waits (a release without
+    /// work wakes no one, by design): joining it must not wait for its park's deadline.
+    #[test]
+    fn release_now_wakes_a_parked_reserved_thread() {
+        let r = Arc::new(Reserve::default());
+        r.hold();
+        let parked = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let released = r.park(Duration::from_secs(60));
+                (released, t.elapsed())
+            })
+        };
+        while r.parked.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        // Give it time to sleep in the futex (the test passes either way).
+        std::thread::sleep(Duration::from_millis(20));
+        r.release(|| false);
+        r.release_now();
+        let (released, waited) = parked.join().unwrap();
+        assert!(released);
+        assert!(waited < Duration::from_secs(30), "woken after {waited:?}");
     }
 }
