@@ -157,6 +157,29 @@ unsafe fn map(fd: &rustix::fd::OwnedFd, len: usize, name: &str) -> Result<NonNul
     })
 }
 
+/// Reserves the pages of `r` in the file (`fallocate`, which keeps the file's length).
+fn reserve_range(
+    fd: &rustix::fd::OwnedFd,
+    name: &str,
+    r: std::ops::Range<usize>,
+) -> Result<(), ShmError> {
+    if r.is_empty() {
+        return Ok(());
+    }
+    let bytes = (r.end - r.start) as u64;
+    rustix::fs::fallocate(fd, FallocateFlags::KEEP_SIZE, r.start as u64, bytes).map_err(|e| {
+        tracing::debug!(segment = name, bytes, error = %e, "cannot reserve pages of the segment");
+        if e == rustix::io::Errno::NOSPC {
+            ShmError::NoSpace {
+                name: name.to_string(),
+                bytes,
+            }
+        } else {
+            os("fallocate", name)(e)
+        }
+    })
+}
+
 impl Segment {
     /// A fresh name `/pto.<pid>.<nonce>.<tag>` (the tag may be empty).
     pub fn fresh_name(tag: &str) -> String {
@@ -176,6 +199,24 @@ impl Segment {
     /// A bad name or size, a name that exists, no space in `/dev/shm`, or another OS error. On
     /// error nothing is left behind.
     pub fn create(name: &str, len: usize, init: HeaderInit) -> Result<Segment, ShmError> {
+        Segment::create_reserving(name, len, init, std::iter::once(0..len))
+    }
+
+    /// Creates a segment of `len` bytes like [`Segment::create`], but reserves only the pages
+    /// of the header and of `ranges` (clamped to the segment) now; the rest stays a hole that
+    /// the creator reserves with [`Segment::reserve`] before any process touches it (touching a
+    /// hole of a full `/dev/shm` raises `SIGBUS`). For segments most of whose bytes a run may
+    /// never use: a Worker's mailbox lanes.
+    ///
+    /// # Errors
+    ///
+    /// As [`Segment::create`].
+    pub fn create_reserving(
+        name: &str,
+        len: usize,
+        init: HeaderInit,
+        ranges: impl IntoIterator<Item = std::ops::Range<usize>>,
+    ) -> Result<Segment, ShmError> {
         check_name(name)?;
         if len < HEADER_LEN || len > isize::MAX as usize {
             return Err(ShmError::BadSize {
@@ -199,17 +240,12 @@ impl Segment {
             let _ = shm::unlink(name);
             e
         };
-        if let Err(e) = rustix::fs::fallocate(&fd, FallocateFlags::empty(), 0, len as u64) {
-            let _ = shm::unlink(name);
-            tracing::debug!(segment = name, bytes = len, error = %e, "cannot size the segment");
-            return Err(if e == rustix::io::Errno::NOSPC {
-                ShmError::NoSpace {
-                    name: name.to_string(),
-                    bytes: len as u64,
-                }
-            } else {
-                os("fallocate", name)(e)
-            });
+        // The file's length first (a hole), then its reserved pages.
+        rustix::fs::ftruncate(&fd, len as u64)
+            .map_err(os("ftruncate", name))
+            .map_err(fail)?;
+        for r in std::iter::once(0..HEADER_LEN).chain(ranges) {
+            reserve_range(&fd, name, r.start.min(len)..r.end.min(len)).map_err(fail)?;
         }
         // SAFETY: the file was just sized to `len` bytes.
         let base = unsafe { map(&fd, len, name) }.map_err(fail)?;
@@ -228,6 +264,35 @@ impl Segment {
             "segment created"
         );
         Ok(seg)
+    }
+
+    /// Reserves the pages of `range` (clamped to the segment) of a segment this process
+    /// created with [`Segment::create_reserving`], so that touching them can no longer fail.
+    /// Reserving reserved pages again costs a system call and changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// No space left in `/dev/shm` ([`ShmError::NoSpace`]), a segment that is not a named one
+    /// owned by this process, or another OS error.
+    pub fn reserve(&self, range: std::ops::Range<usize>) -> Result<(), ShmError> {
+        if self.anon {
+            // Private memory of this process: nothing to reserve.
+            return Ok(());
+        }
+        if !self.owner {
+            return Err(ShmError::Os {
+                op: "fallocate",
+                name: self.name.clone(),
+                source: io::Error::other("only the segment's creator reserves its pages"),
+            });
+        }
+        let fd = shm::open(self.name.as_str(), shm::OFlags::RDWR, Mode::empty())
+            .map_err(os("shm_open (reserve)", &self.name))?;
+        reserve_range(
+            &fd,
+            &self.name,
+            range.start.min(self.len)..range.end.min(self.len),
+        )
     }
 
     /// Opens a segment another process created, waiting until `deadline` for it to exist and
@@ -504,6 +569,50 @@ mod tests {
 
     fn deadline() -> Instant {
         Instant::now() + Duration::from_secs(5)
+    }
+
+    /// A segment made with `create_reserving` holds the pages of its header and of the ranges
+    /// it was given; `reserve` adds more (clamped to the segment, idempotent), and only the
+    /// creator may reserve.
+    #[test]
+    fn a_reserving_segment_holds_only_the_pages_it_reserved() {
+        use std::os::unix::fs::MetadataExt;
+        const PAGE: usize = 4096;
+        let name = Segment::fresh_name("sparse");
+        let len = 64 * PAGE;
+        let seg = Segment::create_reserving(
+            &name,
+            len,
+            HeaderInit::default(),
+            std::iter::once(8 * PAGE..9 * PAGE),
+        )
+        .unwrap();
+        let path = format!("/dev/shm{name}");
+        let held = || std::fs::metadata(&path).unwrap().blocks() * 512;
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), len as u64);
+        let first = held();
+        assert!(
+            first >= 2 * PAGE as u64 && first < len as u64 / 4,
+            "{first} bytes"
+        );
+        seg.reserve(16 * PAGE..20 * PAGE).unwrap();
+        let second = held();
+        assert!(
+            second >= first + 4 * PAGE as u64,
+            "{first} then {second} bytes"
+        );
+        seg.reserve(16 * PAGE..20 * PAGE).unwrap();
+        assert_eq!(held(), second);
+        seg.reserve(60 * PAGE..usize::MAX).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), len as u64);
+        assert!(held() >= second + 4 * PAGE as u64);
+        let other = Segment::open(&name, deadline()).unwrap();
+        assert!(other.reserve(0..PAGE).is_err());
+        // The whole segment reads as zeros, reserved or not.
+        // SAFETY: the mapping is `len` bytes long and nothing else writes it.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(seg.as_ptr().add(HEADER_LEN), len - HEADER_LEN) };
+        assert!(bytes.iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -23,7 +23,7 @@
 
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -131,6 +131,9 @@ pub const SLOT: usize = DATA + FRAME_CAP + RESULT_CAP;
 pub struct Mailbox {
     seg: Arc<Segment>,
     base: usize,
+    /// True once this process reserved the slot's frame and result pages (the parent, before
+    /// its first frame into the slot; see [`Mailbox::reserve`]).
+    reserved: AtomicBool,
 }
 
 impl Mailbox {
@@ -145,7 +148,10 @@ impl Mailbox {
             .ok_or_else(|| WorkerError::Args("no mailbox was made".into()))
     }
 
-    /// Creates `n` mailboxes in one segment (parent, before forking).
+    /// Creates `n` mailboxes in one segment (parent, before forking). Only each slot's first
+    /// page (the state words and the bootstrap record, which both sides touch from the start)
+    /// is reserved now; its frame and result pages are reserved by [`Mailbox::reserve`] before
+    /// the slot's first frame, so that lanes a run never uses cost no memory.
     ///
     /// # Errors
     ///
@@ -155,7 +161,7 @@ impl Mailbox {
         let len = SLOT
             .checked_mul(n.max(1))
             .ok_or_else(|| WorkerError::Args(format!("{n} mailboxes do not fit in memory")))?;
-        let seg = Arc::new(Segment::create(
+        let seg = Arc::new(Segment::create_reserving(
             &name,
             len,
             HeaderInit {
@@ -163,13 +169,31 @@ impl Mailbox {
                 nranks: n as u32,
                 ..HeaderInit::default()
             },
+            (0..n).map(|i| i * SLOT..i * SLOT + DATA),
         )?);
         Ok((0..n)
             .map(|i| Mailbox {
                 seg: seg.clone(),
                 base: i * SLOT,
+                reserved: AtomicBool::new(false),
             })
             .collect())
+    }
+
+    /// Reserves the slot's frame and result pages (once; later calls return at once). The
+    /// parent calls it before it writes the slot's first frame: the child writes a result only
+    /// into a slot that carried a frame, so neither side then touches an unreserved page.
+    ///
+    /// # Errors
+    ///
+    /// No space left in `/dev/shm` for the slot, or an OS error.
+    pub fn reserve(&self) -> Result<(), WorkerError> {
+        if self.reserved.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.seg.reserve(self.base + DATA..self.base + SLOT)?;
+        self.reserved.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The segment's name.
@@ -290,6 +314,26 @@ impl Mailbox {
         check: impl FnMut() -> Result<(), E>,
     ) -> Result<(), WaitError<E>> {
         wait_until(self.w32(256), self.w32(264), |v| v == DONE, deadline, check)
+    }
+
+    /// Waits until the frame in the mailbox is no longer running: the child published its
+    /// result, or another thread of the parent already took it (the mailbox is then idle, or
+    /// carries a later frame), or the deadline passes. For a parent thread that waits for one
+    /// of several frames whose results any of its threads may take: waiting for the result
+    /// alone ([`Mailbox::wait_ready`]) would sleep to its deadline when another thread took
+    /// it first.
+    pub fn wait_settled(&self, deadline: Instant) {
+        let running = self.w32(256).load(Ordering::Acquire);
+        if running != TASK {
+            return;
+        }
+        let _ = wait_until(
+            self.w32(256),
+            self.w32(264),
+            |v| v != TASK,
+            deadline,
+            || Ok::<(), ()>(()),
+        );
     }
 
     /// Takes a published result: checks that it answers `ident`, copies it out and frees the
@@ -525,6 +569,55 @@ mod tests {
         mb.boot_error(1, &"x".repeat(5000));
         let e = mb.boot_result().unwrap_err();
         assert_eq!(e.len(), 1024);
+    }
+
+    /// A parent thread waiting for a frame whose result another parent thread takes first
+    /// wakes when the result is published, not at its deadline.
+    #[test]
+    fn a_wait_for_a_frame_ends_when_another_thread_takes_its_result() {
+        let mb = std::sync::Arc::new(Mailbox::create("mbsettle").unwrap());
+        let ident = Ident {
+            run: 1,
+            task: 7,
+            generation: 1,
+        };
+        mb.reserve().unwrap();
+        mb.send(ident, b"frame").unwrap();
+        let other = {
+            let mb = mb.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                // The child answers, and at once another parent thread takes the result.
+                mb.reply(ident, b"result");
+                mb.take_result(ident, "test").unwrap()
+            })
+        };
+        let t = Instant::now();
+        mb.wait_settled(Instant::now() + Duration::from_secs(60));
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "woken after {:?}",
+            t.elapsed()
+        );
+        assert_eq!(other.join().unwrap(), b"result");
+        assert!(!mb.result_ready());
+    }
+
+    /// A set of mailboxes holds the first page of each slot until a slot is reserved.
+    #[test]
+    fn a_mailbox_slot_holds_its_frame_pages_once_reserved() {
+        use std::os::unix::fs::MetadataExt;
+        let set = Mailbox::create_set("mbsparse", 4).unwrap();
+        let path = format!("/dev/shm{}", set[0].name());
+        let held = || std::fs::metadata(&path).unwrap().blocks() * 512;
+        let before = held();
+        assert!(
+            before < SLOT as u64,
+            "{before} bytes held by 4 unused slots"
+        );
+        set[2].reserve().unwrap();
+        set[2].reserve().unwrap();
+        assert!(held() >= before + (SLOT - DATA) as u64);
     }
 
     proptest! {

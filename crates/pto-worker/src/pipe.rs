@@ -153,6 +153,10 @@ impl HostState {
             task,
             generation: p.sent + 1,
         };
+        // The lane's pages, before its first frame (a queued frame goes into it later).
+        lane_of(&c.lanes, ident.generation)
+            .reserve()
+            .map_err(|e| format!("{}: {e}", c.who))?;
         if p.queued.is_empty() && p.inflight.len() < c.lanes.len() {
             lane_of(&c.lanes, ident.generation)
                 .send(ident, frame)
@@ -194,17 +198,18 @@ impl HostState {
             if p.inflight.len() < c.lanes.len() && p.queued.is_empty() {
                 break;
             }
-            let _ = lane_of(&c.lanes, head.generation)
-                .wait_ready(Instant::now() + PARK, || Ok::<(), ()>(()));
+            lane_of(&c.lanes, head.generation).wait_settled(Instant::now() + PARK);
         }
         let ident = Ident {
             run: self.run.load(std::sync::atomic::Ordering::Relaxed),
             task,
             generation: p.sent + 1,
         };
+        let lane = lane_of(&c.lanes, ident.generation);
+        lane.reserve().map_err(|e| format!("{}: {e}", c.who))?;
         // Counted only once published: the child serves the lanes in order, a skipped lane
         // would leave it waiting forever.
-        send(lane_of(&c.lanes, ident.generation), ident)?;
+        send(lane, ident)?;
         p.sent = ident.generation;
         p.in_flight(ident, None);
         Ok(Ticket {
@@ -265,8 +270,9 @@ impl HostState {
                 break;
             };
             let t = &tickets[k];
-            let _ = self.children[t.child].lanes[t.lane]
-                .wait_ready(Instant::now() + PARK, || Ok::<(), ()>(()));
+            // Until the lane's frame settles: its result is in, or another thread took it (the
+            // next poll finds it among the taken ones).
+            self.children[t.child].lanes[t.lane].wait_settled(Instant::now() + PARK);
         }
         out.into_iter()
             .map(|r| r.unwrap_or_else(|| Err("no result".into())))
