@@ -7,7 +7,7 @@
 //!
 //! | offset | what |
 //! |---|---|
-//! | 256 | `state`: IDLE 0, TASK 1 (parent published a frame), DONE 2 (child published a result) |
+//! | 256 | `state`: IDLE 0, TASK 1 (parent published a frame), RUNNING 3 (child copied it out), DONE 2 (child published a result) |
 //! | 260 | `shutdown`: sticky; 0 until the parent asks the child to leave, then 1 forever |
 //! | 264 | `sleepers` (for the futex handshake) |
 //! | 272 | frame length, 276 result length |
@@ -98,6 +98,9 @@ pub fn decode_boot(rec: &[u8]) -> Result<Option<BootFacts>, String> {
 const IDLE: u32 = 0;
 const TASK: u32 = 1;
 const DONE: u32 = 2;
+/// The child copied the frame out and runs it (so the state says IDLE only once the parent
+/// took the result, or before the first frame).
+const RUNNING: u32 = 3;
 
 /// The facts a chip reports when it is up.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -323,14 +326,14 @@ impl Mailbox {
     /// alone ([`Mailbox::wait_ready`]) would sleep to its deadline when another thread took
     /// it first.
     pub fn wait_settled(&self, deadline: Instant) {
-        let running = self.w32(256).load(Ordering::Acquire);
-        if running != TASK {
+        let unsettled = |v: u32| v == TASK || v == RUNNING;
+        if !unsettled(self.w32(256).load(Ordering::Acquire)) {
             return;
         }
         let _ = wait_until(
             self.w32(256),
             self.w32(264),
-            |v| v != TASK,
+            |v| !unsettled(v),
             deadline,
             || Ok::<(), ()>(()),
         );
@@ -517,7 +520,7 @@ impl Mailbox {
                 let len = self.w32(272).load(Ordering::Relaxed) as usize;
                 let got = self.read_bytes_into(DATA, FRAME_CAP, len, buf);
                 // Consume the publication once it is copied out.
-                self.w32(256).store(IDLE, Ordering::Relaxed);
+                self.w32(256).store(RUNNING, Ordering::Relaxed);
                 return Ok(Some((ident, got)));
             }
         }
@@ -583,6 +586,22 @@ mod tests {
         };
         mb.reserve().unwrap();
         mb.send(ident, b"frame").unwrap();
+        // The child takes the frame: while it runs, the frame is not settled.
+        let mut buf = Vec::new();
+        let (got, frame) = mb
+            .next_frame_into(std::os::unix::process::parent_id(), &mut buf)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (got, frame.is_ok(), buf.as_slice()),
+            (ident, true, &b"frame"[..])
+        );
+        let t = Instant::now();
+        mb.wait_settled(t + Duration::from_millis(50));
+        assert!(
+            t.elapsed() >= Duration::from_millis(50),
+            "a running frame counted as settled"
+        );
         let other = {
             let mb = mb.clone();
             std::thread::spawn(move || {
