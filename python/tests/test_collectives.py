@@ -222,9 +222,9 @@ def test_window_bad_arguments_are_clear_errors(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("n", [2, 3])
 def test_large_allreduce_reads_peers_buffers_directly(backend, n):
-    # 1 MiB and an odd count: the single-copy algorithm on processes (cross-memory attach) and
+    # 2 MiB and an odd count: the single-copy algorithm on processes (cross-memory attach) and
     # on threads; bit-identical on every rank, equal to numpy's rank-order sum.
-    count = (1 << 18) + 3
+    count = (1 << 19) + 3
 
     def body(c):
         a = ((np.arange(count) * 7 + c.rank * 13) % 101).astype(np.float32) * np.float32(0.37)
