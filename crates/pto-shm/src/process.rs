@@ -91,6 +91,14 @@ pub fn monotonic_ns() -> u64 {
     (t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64
 }
 
+/// Milliseconds on the coarse monotonic clock (the same clock as [`monotonic_ns`], read from
+/// the last timer tick: a few nanoseconds instead of a full clock read, and up to a tick, a
+/// few milliseconds, behind). For timestamps that only need milliseconds, taken on hot paths.
+pub fn monotonic_coarse_ms() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    (t.tv_sec as u64).saturating_mul(1_000) + t.tv_nsec as u64 / 1_000_000
+}
+
 /// Number of threads of this process (from `/proc/self/status`).
 pub fn thread_count() -> usize {
     std::fs::read_to_string("/proc/self/status")

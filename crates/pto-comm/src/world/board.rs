@@ -27,7 +27,7 @@ impl World {
             } => (WAIT_SIGNAL, value, window, offset),
             Waiting::Barrier { members } => (WAIT_BARRIER, members, 0, 0),
         };
-        let since = pto_shm::process::monotonic_ns() / 1_000_000;
+        let since = pto_shm::process::monotonic_coarse_ms();
         self.seg.atomic_u32(off + 4).store(value, Ordering::Relaxed);
         self.seg
             .atomic_u64(off + 8)
@@ -69,7 +69,7 @@ impl World {
     /// Ranks in the same state are named together (`ranks 2-9, 12 wait in a barrier of 16
     /// ranks (since 3-20 ms)`), so that the graph of a thousand ranks stays a few lines.
     pub(crate) fn wait_for_graph(&self) -> String {
-        let now = pto_shm::process::monotonic_ns() / 1_000_000;
+        let now = pto_shm::process::monotonic_coarse_ms();
         // (state in words, the ranks in it, the youngest and oldest wait in ms)
         type Group = (String, Vec<usize>, Option<(u64, u64)>);
         let mut groups: Vec<Group> = Vec::new();
