@@ -487,6 +487,29 @@ fn no_space_in_dev_shm_is_an_environment_error_that_leaves_nothing() {
 }
 
 #[test]
+fn no_space_for_a_mailbox_lane_fails_the_chip_task_cleanly() {
+    // A private /dev/shm of 1 MiB: the Worker starts (each mailbox slot's first page is
+    // reserved at init), but a lane's frame and result pages (324 KiB) are reserved before its
+    // first frame, and they do not all fit: the chip task fails naming its chip and the cause,
+    // never a SIGBUS, and nothing is left behind.
+    let o = common::in_private_shm(
+        "mount -o remount,size=1m /dev/shm && \"$PTO\" run multi_chip_dispatch --ranks 4; rc=$?; echo left: $(ls /dev/shm | wc -l); exit $rc",
+    );
+    if o.err.contains("no private mount namespace") {
+        eprintln!("SKIPPED: no private /dev/shm here");
+        return;
+    }
+    assert_eq!(o.code, Some(3), "{}\n{}", o.out, o.err);
+    assert!(o.err.contains("no space in /dev/shm"), "{}", o.err);
+    assert!(
+        o.err.contains("kernel \"chip\"") || o.err.contains("kernel \"sub\""),
+        "{}",
+        o.err
+    );
+    assert!(o.out.contains("left: 0"), "segments left: {}", o.out);
+}
+
+#[test]
 fn a_fifo_named_like_a_segment_hangs_nothing() {
     let name = format!("pto.{}.00000000feedf00d.fifo", std::process::id());
     let o = common::in_private_shm(&format!(

@@ -156,7 +156,7 @@ impl HostState {
         // The lane's pages, before its first frame (a queued frame goes into it later).
         lane_of(&c.lanes, ident.generation)
             .reserve()
-            .map_err(|e| format!("{}: {e}", c.who))?;
+            .map_err(|e| e.to_string())?;
         if p.queued.is_empty() && p.inflight.len() < c.lanes.len() {
             lane_of(&c.lanes, ident.generation)
                 .send(ident, frame)
@@ -206,7 +206,7 @@ impl HostState {
             generation: p.sent + 1,
         };
         let lane = lane_of(&c.lanes, ident.generation);
-        lane.reserve().map_err(|e| format!("{}: {e}", c.who))?;
+        lane.reserve().map_err(|e| e.to_string())?;
         // Counted only once published: the child serves the lanes in order, a skipped lane
         // would leave it waiting forever.
         send(lane, ident)?;
