@@ -469,16 +469,25 @@ fn signals_end_every_child_remove_every_segment_and_exit_128_plus_the_signal() {
     }
 }
 
+/// `pto ARGS` in a private /dev/shm of `size` bytes (`64k`, `1m`), printing `left: N` (the
+/// segments left behind) after it; `None` (said on stderr) where no private /dev/shm can be made.
+fn in_small_shm(size: &str, args: &str) -> Option<common::ShOut> {
+    let o = common::in_private_shm(&format!(
+        "mount -o remount,size={size} /dev/shm && \"$PTO\" {args}; rc=$?; echo left: $(ls /dev/shm | wc -l); exit $rc"
+    ));
+    if o.err.contains("no private mount namespace") {
+        eprintln!("SKIPPED: no private /dev/shm here");
+        return None;
+    }
+    Some(o)
+}
+
 #[test]
 fn no_space_in_dev_shm_is_an_environment_error_that_leaves_nothing() {
     // A private /dev/shm of 64 KiB: the first mailbox segment does not fit.
-    let o = common::in_private_shm(
-        "mount -o remount,size=64k /dev/shm && \"$PTO\" run allreduce_distributed --ranks 2 --json; rc=$?; echo left: $(ls /dev/shm | wc -l); exit $rc",
-    );
-    if o.err.contains("no private mount namespace") {
-        eprintln!("SKIPPED: no private /dev/shm here");
+    let Some(o) = in_small_shm("64k", "run allreduce_distributed --ranks 2 --json") else {
         return;
-    }
+    };
     assert_eq!(o.code, Some(4), "{}\n{}", o.out, o.err);
     assert!(o.err.contains("no space in /dev/shm"), "{}", o.err);
     let v: Value = serde_json::from_str(o.out.lines().next().unwrap_or("")).unwrap_or(Value::Null);
@@ -492,13 +501,9 @@ fn no_space_for_a_mailbox_lane_fails_the_chip_task_cleanly() {
     // reserved at init), but a lane's frame and result pages (324 KiB) are reserved before its
     // first frame, and they do not all fit: the chip task fails naming its chip and the cause,
     // never a SIGBUS, and nothing is left behind.
-    let o = common::in_private_shm(
-        "mount -o remount,size=1m /dev/shm && \"$PTO\" run multi_chip_dispatch --ranks 4; rc=$?; echo left: $(ls /dev/shm | wc -l); exit $rc",
-    );
-    if o.err.contains("no private mount namespace") {
-        eprintln!("SKIPPED: no private /dev/shm here");
+    let Some(o) = in_small_shm("1m", "run multi_chip_dispatch --ranks 4") else {
         return;
-    }
+    };
     assert_eq!(o.code, Some(3), "{}\n{}", o.out, o.err);
     assert!(o.err.contains("no space in /dev/shm"), "{}", o.err);
     assert!(
