@@ -141,6 +141,17 @@ impl Engine {
         let s = self.slab.get(slot);
         // SAFETY: a queued task is not finished: its body stays until it finishes.
         let n = unsafe { s.body() }.payload.block_num;
+        if n == 1 {
+            // A task of one block has one queue entry (or is held), ever: later blocks are
+            // queued by the thread that runs the first, and a task of one block has none. The
+            // thread that took the entry owns the block: no locked instruction.
+            s.blocks_next.store(1, Ordering::Relaxed);
+            return Some(Job {
+                slot,
+                block: 0,
+                core,
+            });
+        }
         let b = s.blocks_next.fetch_add(1, Ordering::AcqRel);
         (b < n).then_some(Job {
             slot,
