@@ -195,6 +195,8 @@ pub struct BenchArgs {
     /// The OpenMP anchor, run in the same run as the baseline (the same graphs with libgomp's
     /// `depend` tasks): build it with `gcc -O2 -fopenmp -o omp_deps scripts/anchors/omp_deps.c`
     /// and pass `--omp-anchor ./omp_deps`; its ratios print beside chain, fan and diamond.
+    /// pto and the anchor take turns, one repetition each, and the ratio is the median of
+    /// each repetition's ratio (on a shared machine the CPUs' speed drifts within seconds).
     #[arg(long)]
     pub omp_anchor: Option<PathBuf>,
     /// The C plugin for `plugin` (built from examples/plugin/empty.c).
