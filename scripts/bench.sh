@@ -17,7 +17,15 @@ if gcc -O2 -fopenmp -o target/omp_deps scripts/anchors/omp_deps.c 2>/dev/null; t
 else
   echo "note: OpenMP anchor not built; dag figures without a baseline" >&2
 fi
+# The CPU-to-CPU latency before and after: the engine's figures follow it (a virtual machine's
+# CPUs are nearer or further apart from one hour to the next; docs/BENCHMARKS.md).
+line_rt=()
+if gcc -O2 -pthread -o target/line_rt scripts/anchors/line_rt.c 2>/dev/null; then
+  line_rt=(target/line_rt)
+fi
+[ ${#line_rt[@]} -eq 0 ] || "${line_rt[@]}" || true
 $pto bench dag --tasks "$tasks" --json "${omp[@]}"
+[ ${#line_rt[@]} -eq 0 ] || "${line_rt[@]}" || true
 $pto bench deferred --json
 $pto bench worker --json
 for n in 2 4 8; do $pto bench comm --backend shm --ranks "$n" --json; done
