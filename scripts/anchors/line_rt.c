@@ -1,11 +1,10 @@
 /* The machine's CPU-to-CPU latency: two threads, pinned to the first two CPUs this process may
  * use, hand a cache line back and forth; prints the mean round trip as a JSON line:
  *   {"bench":"line_roundtrip","cpus":[A,B],"ns":X}
- * Every hand-over of a task between two threads costs some of these, so the task engine's
- * figures follow this one: on the project's virtual machine it reads about 45 ns in the calm
- * hours (two hyperthreads of one core, by the look of it) and 80-400 ns in the slow ones, when
+ * Every hand-over of a task between two threads costs some of these: on the project's virtual
+ * machine it reads about 90-120 ns most of the time and 230-440 ns in some spells, and in those
  * pto's empty tasks cost about twice as much (docs/BENCHMARKS.md). scripts/bench.sh prints it
- * before and after `pto bench dag`.
+ * before and after `pto bench dag`, so that a run's figures say which machine they ran on.
  * Build: gcc -O2 -pthread -o line_rt scripts/anchors/line_rt.c */
 #define _GNU_SOURCE
 #include <pthread.h>
