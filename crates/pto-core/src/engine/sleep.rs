@@ -7,19 +7,25 @@
 //! awake thread costs no wake-up at all (the rule Tokio's and Go's schedulers use).
 //!
 //! No wake-up is lost. The sleeper increments `sleepers`, stops counting as searching, issues a
-//! `SeqCst` fence and only then looks at the queues a last time; the notifier makes the work
-//! visible, issues a `SeqCst` fence and only then reads the counters. Of two such fenced
-//! sequences one comes first, so either the sleeper's last look sees the work, or the notifier
-//! sees the sleeper (and no searcher) and bumps `epoch`, which the sleeper's futex wait
-//! compares against the value it read before registering. Modelled with loom in
-//! `tests/loom.rs` (the model's futex has no timeout, so a lost wake-up is a deadlock there).
-//! See `docs/design/chip-scheduler.md`.
+//! fence and only then looks at the queues a last time; the notifier makes the work visible,
+//! issues a fence and only then reads the counters. Of two such fenced sequences one comes
+//! first, so either the sleeper's last look sees the work, or the notifier sees the sleeper
+//! (and no searcher) and bumps `epoch`, which the sleeper's futex wait compares against the
+//! value it read before registering. Modelled with loom in `tests/loom.rs` (the model's futex
+//! has no timeout, so a lost wake-up is a deadlock there).
+//!
+//! The two fences are the halves of an [`AsymmetricFence`]: the notifier, which runs for every
+//! task found ready, issues the light half (a compiler fence when the kernel offers expedited
+//! `membarrier`), and the sleeper, a thread that found nothing to do and is about to park,
+//! the heavy half (the system call, which makes the notifier's CPU execute the full fence on
+//! its behalf). Loom checks the protocol with two `SeqCst` fences; the pairing of the halves
+//! is the kernel's guarantee. See `docs/design/chip-scheduler.md`.
 
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
-use super::sync::{fence, AtomicU32, Ordering, Park};
+use super::sync::{AsymmetricFence, AtomicU32, Ordering, Park};
 
 /// See the module docs. Each counter has its own cache line: `searching` changes every time a
 /// core thread runs out of work and finds more, `sleepers` only when one parks, and
@@ -30,12 +36,18 @@ pub struct Sleep {
     epoch: CachePadded<AtomicU32>,
     sleepers: CachePadded<AtomicU32>,
     searching: CachePadded<AtomicU32>,
+    /// Light half for the notifiers, heavy half for the sleepers.
+    fence: AsymmetricFence,
 }
+
+/// The longest a sleeper parks when its heavy fence failed (then a notifier may miss it, and
+/// the work waits at most this long for it).
+const UNORDERED_PARK: Duration = Duration::from_millis(1);
 
 impl Sleep {
     /// After making work visible: wakes one sleeper when no thread is searching.
     pub fn notify(&self) {
-        fence(Ordering::SeqCst);
+        self.fence.light();
         // (Both loads follow the fence; which comes first does not matter to the argument.)
         if self.sleepers.load(Ordering::SeqCst) > 0 && self.searching.load(Ordering::SeqCst) == 0 {
             self.epoch.fetch_add(1, Ordering::SeqCst);
@@ -46,9 +58,10 @@ impl Sleep {
     /// After staging work that only a searching thread's last look before it parks finds
     /// (`Spmc::stage`): true when a thread is registered as a sleeper, so the work must be
     /// published now. The fence pairs with the one in [`Sleep::sleep`]: either this load sees
-    /// the sleeper, or the sleeper's last look sees the staged work.
+    /// the sleeper, or the sleeper's last look sees the staged work. (The light half: see the
+    /// module docs.)
     pub fn any_sleeper(&self) -> bool {
-        fence(Ordering::SeqCst);
+        self.fence.light();
         self.sleepers.load(Ordering::SeqCst) > 0
     }
 
@@ -76,9 +89,16 @@ impl Sleep {
         let e = self.epoch.load(Ordering::SeqCst);
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         self.searching.fetch_sub(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
+        let ordered = self.fence.heavy();
         if !has_work() {
-            self.epoch.park(e, timeout);
+            self.epoch.park(
+                e,
+                if ordered {
+                    timeout
+                } else {
+                    timeout.min(UNORDERED_PARK)
+                },
+            );
         }
         self.searching.fetch_add(1, Ordering::SeqCst);
         self.sleepers.fetch_sub(1, Ordering::SeqCst);

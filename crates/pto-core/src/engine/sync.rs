@@ -2,7 +2,7 @@
 //! (through `pto_shm::sync`), so that the successor list and the sleep protocol can be
 //! model-checked (`tests/loom.rs`, `scripts/loom.sh`).
 
-pub use pto_shm::sync::{fence, AtomicU32, AtomicU64, Mutex, Ordering};
+pub use pto_shm::sync::{fence, AsymmetricFence, AtomicU32, AtomicU64, Mutex, Ordering};
 // The engine's words live in this process's memory and only its threads wait on them:
 // private futexes.
 pub use pto_shm::sync::ParkLocal as Park;
