@@ -154,7 +154,22 @@ pub fn prefetch_write<T>(p: *const T) {
 /// call (another OS, a seccomp filter, loom) both halves are `SeqCst` fences.
 ///
 /// Registration is per process, so a value made before a `fork` must not be used in the
-/// child; make one where the threads that use it are started.
+/// child (there `heavy` reports that it could not order the pair); make one where the threads
+/// that use it are started.
+///
+/// ```
+/// use pto_shm::sync::{AsymmetricFence, AtomicU32, Ordering};
+/// let (work, sleepers) = (AtomicU32::new(0), AtomicU32::new(0));
+/// let f = AsymmetricFence::new();
+/// // The frequent side: publish, then look for a sleeper.
+/// work.store(1, Ordering::Relaxed);
+/// f.light();
+/// let wake_someone = sleepers.load(Ordering::Relaxed) > 0;
+/// // The rare side (another thread, about to park): register, then look for work.
+/// sleepers.store(1, Ordering::Relaxed);
+/// let ordered = f.heavy();
+/// assert!(ordered && work.load(Ordering::Relaxed) == 1 && !wake_someone);
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct AsymmetricFence {
     expedited: bool,
