@@ -280,12 +280,34 @@ mod tests {
         assert!(missed > 0, "no round reordered");
     }
 
-    /// Runs `rounds` store-buffering rounds; returns in how many both loads missed (rounds
-    /// whose heavy half reported failure are not counted).
+    /// Runs up to `rounds` store-buffering rounds, for at most two seconds (on a loaded
+    /// machine the two threads do not always run at once, and a round may wait for the other
+    /// to be scheduled); returns in how many both loads missed (rounds whose heavy half
+    /// reported failure are not counted).
     fn litmus(light: impl Fn(), heavy: impl Fn() -> bool + Send + 'static, rounds: u32) -> u32 {
         use std::sync::atomic::AtomicBool;
         use std::sync::Arc;
         use std::time::{Duration, Instant};
+        /// `go` value that tells the other side to leave.
+        const STOP: u32 = u32::MAX;
+        // Spins until `cond` holds, yielding now and then so that the other side gets a CPU;
+        // false after a minute (the other side is gone).
+        fn spin_until(cond: impl Fn() -> bool) -> bool {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut i = 0u32;
+            while !cond() {
+                i = i.wrapping_add(1);
+                if i.is_multiple_of(256) {
+                    if Instant::now() > deadline {
+                        return false;
+                    }
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            true
+        }
         // x, y, the round both threads wait for, the round the heavy side finished, and
         // whether it missed x.
         let x = Arc::new(AtomicU32::new(0));
@@ -293,7 +315,7 @@ mod tests {
         let go = Arc::new(AtomicU32::new(0));
         let done = Arc::new(AtomicU32::new(0));
         let missed = Arc::new(AtomicBool::new(false));
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let budget = Instant::now() + Duration::from_secs(2);
         let other = {
             let (x, y, go, done, missed) = (
                 x.clone(),
@@ -304,11 +326,11 @@ mod tests {
             );
             std::thread::spawn(move || {
                 for r in 1..=rounds {
-                    while go.load(Ordering::Acquire) != r {
-                        if Instant::now() > deadline {
-                            return;
-                        }
-                        std::hint::spin_loop();
+                    let started = spin_until(
+                        || matches!(go.load(Ordering::Acquire), g if g == r || g == STOP),
+                    );
+                    if !started || go.load(Ordering::Acquire) == STOP {
+                        return;
                     }
                     y.store(r, Ordering::Relaxed);
                     let ordered = heavy();
@@ -320,14 +342,18 @@ mod tests {
         };
         let mut both = 0;
         for r in 1..=rounds {
+            if Instant::now() > budget {
+                go.store(STOP, Ordering::Release);
+                break;
+            }
             go.store(r, Ordering::Release);
             x.store(r, Ordering::Relaxed);
             light();
             let seen = y.load(Ordering::Relaxed) == r;
-            while done.load(Ordering::Acquire) != r {
-                assert!(Instant::now() < deadline, "the other side stalled");
-                std::hint::spin_loop();
-            }
+            assert!(
+                spin_until(|| done.load(Ordering::Acquire) == r),
+                "the other side stalled"
+            );
             if !seen && missed.load(Ordering::Relaxed) {
                 both += 1;
             }
