@@ -208,10 +208,11 @@ impl AsymmetricFence {
     /// system call failed after the registration succeeded (not seen in practice; the caller
     /// then bounds what a missed store can cost, for example by parking with a timeout).
     pub fn heavy(&self) -> bool {
-        fence(Ordering::SeqCst);
         if self.expedited {
+            // The system call also orders the caller (the kernel fences on entry and exit).
             return expedited_barrier();
         }
+        fence(Ordering::SeqCst);
         true
     }
 }

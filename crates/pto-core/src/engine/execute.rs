@@ -144,8 +144,8 @@ impl Engine {
         if n == 1 {
             // A task of one block has one queue entry (or is held), ever: later blocks are
             // queued by the thread that runs the first, and a task of one block has none. The
-            // thread that took the entry owns the block: no locked instruction.
-            s.blocks_next.store(1, Ordering::Relaxed);
+            // thread that took the entry owns the block, and no one reads `blocks_next` of a
+            // task of one block: nothing to count.
             return Some(Job {
                 slot,
                 block: 0,
