@@ -746,4 +746,8 @@ def _rank_child(name: str, rank: int, n: int, fn: Callable[[Comm], Any], wfd: in
         with _os.fdopen(wfd, "wb") as f:
             f.write(data)
     finally:
+        if native is not None and code == 0:
+            # os._exit runs no destructor: say so, or a peer still waiting for this rank
+            # would call it dead.
+            native.leave()
         _os._exit(code)

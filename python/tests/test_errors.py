@@ -170,6 +170,20 @@ def test_a_failing_rank_does_not_leave_peers_waiting_for_the_deadline():
     assert time.monotonic() - t < 10
 
 
+@pytest.mark.parametrize("backend", ["shm", "local"])
+def test_a_rank_that_returned_is_named_as_exited_not_dead(backend):
+    # Rank 1 returns without joining the barrier: rank 0's wait fails at once and says why.
+    def body(c):
+        if c.rank == 0:
+            c.barrier()
+
+    t = time.monotonic()
+    with pytest.raises(pto.CommError, match="rank 0: rank 1 exited") as info:
+        pto.run_ranks(2, body, backend=backend)
+    assert "died" not in str(info.value)
+    assert time.monotonic() - t < 10
+
+
 def test_system_exit_on_a_rank_keeps_its_code():
     def body(c):
         if c.rank == 1:

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -26,6 +27,8 @@ pub(crate) struct RankGuard {
     pub(crate) rank: usize,
     /// Per member list, how many domains this rank has created over it (names must agree).
     domain_seq: Mutex<HashMap<Vec<u32>, u64>>,
+    /// Whether this rank has left the world (at most once: a departure is counted).
+    left: AtomicBool,
 }
 
 impl RankGuard {
@@ -34,6 +37,14 @@ impl RankGuard {
             world,
             rank,
             domain_seq: Mutex::new(HashMap::new()),
+            left: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks the rank exited (or failed), once.
+    fn leave(&self, failed: bool) {
+        if !self.left.swap(true, Ordering::AcqRel) {
+            self.world.leave(self.rank, failed);
         }
     }
 }
@@ -45,7 +56,7 @@ impl Drop for RankGuard {
             self.world
                 .abort(self.rank, &format!("rank {} panicked", self.rank));
         }
-        self.world.leave(self.rank, failed);
+        self.leave(failed);
     }
 }
 
@@ -192,6 +203,15 @@ impl Comm {
     pub fn abort(&self, message: &str) {
         tracing::warn!(rank = self.world_rank(), message, "aborting the world");
         self.world_ref().abort(self.world_rank(), message);
+    }
+
+    /// Says that this rank is done with the world: peers that still wait for it fail at once
+    /// with [`CommError::PeerGone`] ("rank R exited") instead of waiting for their deadline.
+    /// The last handle's drop does the same; call it before a process ends without running
+    /// destructors (`_exit`, a forked child). Later calls do nothing; this rank must not start
+    /// another collective or wait afterwards.
+    pub fn leave(&self) {
+        self.inner.guard.leave(false);
     }
 
     /// A barrier named `name` of this communicator, as the checker sees it (nothing when no

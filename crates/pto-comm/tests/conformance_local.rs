@@ -88,3 +88,46 @@ fn a_rank_that_left_before_its_part_is_named_when_the_waits_run_out() {
         }
     }
 }
+
+/// `Comm::leave` says a rank is done while its handle lives on (as a forked rank does before
+/// `_exit`): a peer's barrier fails at once naming it as exited; a second call and the drop
+/// after it count nothing more.
+#[test]
+fn a_rank_that_leaves_explicitly_is_named_as_exited() {
+    use std::time::Instant;
+
+    use pto_comm::CommError;
+
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    let results = on_threads(2, |c| {
+        if c.rank() == 1 {
+            c.leave();
+            c.leave();
+            // The handle lives until rank 0 has seen the exit.
+            rx.lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(15))
+                .map_err(|e| e.to_string())?;
+            return Ok(());
+        }
+        let t = Instant::now();
+        let r = c.barrier();
+        let _ = tx.send(());
+        match r {
+            Err(CommError::PeerGone {
+                rank: 1,
+                how: "exited",
+            }) if t.elapsed() < Duration::from_secs(5) => Ok(()),
+            other => Err(format!(
+                "expected rank 1 exited, got {other:?} after {:?}",
+                t.elapsed()
+            )),
+        }
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        if let Err(msg) = r {
+            panic!("rank {rank}: {msg}");
+        }
+    }
+}

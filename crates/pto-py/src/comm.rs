@@ -128,6 +128,12 @@ impl Comm {
         self.comm.abort(message);
     }
 
+    /// Says this rank is done: peers still waiting for it fail at once naming it as exited (a
+    /// forked rank calls it before `os._exit`, which runs no destructor).
+    fn leave(&self) {
+        self.comm.leave();
+    }
+
     /// Waits for every rank.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         self.usable()?;
