@@ -31,7 +31,10 @@ WORKER_SCRIPT = textwrap.dedent(
             if p.isdigit():
                 try:
                     with open(f"/proc/{p}/stat") as f:
-                        if f.read().rsplit(")", 1)[1].split()[1] == me:
+                        if f.read().rsplit(")", 1)[1].split()[1] != me:
+                            continue
+                    with open(f"/proc/{p}/cmdline", "rb") as f:
+                        if b"pto-janitor" not in f.read().split(b"\\0"):  # the segments' janitor
                             out.append(int(p))
                 except OSError:
                     pass
@@ -155,6 +158,29 @@ def test_sigterm_and_sighup_end_a_worker_process_its_children_and_its_segments(s
     assert not [c for c in info["children"] if _alive(c)]
     assert _pto_segments([info["pid"], *info["children"]]) == []
     assert "PanicException" not in err and "panicked" not in err, err
+
+
+def test_a_sigkilled_worker_process_leaves_no_segment():
+    # SIGKILL runs no handler: the process's janitor removes its segments once it and its
+    # children have ended.
+    p = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        info = json.loads(p.stdout.readline())
+        time.sleep(0.5)
+        assert _pto_segments([info["pid"]]), "no segment made"
+        os.kill(p.pid, signal.SIGKILL)
+        p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    everyone = [info["pid"], *info["children"]]
+    t = time.monotonic()
+    while _pto_segments(everyone) and time.monotonic() - t < 5.0:
+        time.sleep(0.01)
+    assert _pto_segments(everyone) == []
+    assert not [c for c in info["children"] if _alive(c)]
 
 
 def test_the_interrupt_is_prompt():

@@ -3,7 +3,7 @@
 //! happens; a stopped or killed chip is named as the root cause (exit 3) in time; SIGINT,
 //! SIGTERM and SIGHUP end every child and remove every segment (exit 130/143/129); a chip that
 //! dies while the host prepares inputs ends the run at once; a FIFO named like a segment is
-//! skipped; what a SIGKILLed run left is swept by the next run; no argument vector panics.
+//! skipped; what a SIGKILLed run left is removed by its janitor, or swept by the next run; no argument vector panics.
 //!
 //! Tests that put files in /dev/shm run in a private /dev/shm (a tmpfs in a private mount
 //! namespace) when the test runs as root, so they cannot disturb other runs.
@@ -90,6 +90,7 @@ fn json(o: &Out) -> Value {
     serde_json::from_str(lines[0]).unwrap()
 }
 
+/// The chip processes of `pid` (its children but its segments' janitor).
 fn children_of(pid: u32) -> Vec<u32> {
     let out = Command::new("pgrep")
         .args(["-P", &pid.to_string()])
@@ -98,6 +99,10 @@ fn children_of(pid: u32) -> Vec<u32> {
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .filter_map(|p| p.parse().ok())
+        .filter(|p| {
+            !std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"pto-janitor"))
+        })
         .collect()
 }
 
@@ -467,6 +472,41 @@ fn signals_end_every_child_remove_every_segment_and_exit_128_plus_the_signal() {
         let left = segments_of(&[&[parent], kids.as_slice()].concat());
         assert!(left.is_empty(), "{sig:?}: segments left: {left:?}");
     }
+}
+
+#[test]
+fn a_sigkilled_run_leaves_no_segment() {
+    // Nothing runs in a process killed with SIGKILL: its janitor removes its segments once it
+    // and its children have ended, without waiting for the next run.
+    let t = Instant::now();
+    let child = spawn(
+        &[
+            "run",
+            "allreduce_distributed",
+            "--ranks",
+            "3",
+            "--size",
+            "8000000",
+        ],
+        &[],
+    );
+    let parent = child.id();
+    let kids = wait_children(parent, 3);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !segments_of(&[parent]).is_empty(),
+        "the run made no segment to leave"
+    );
+    let sent = Instant::now();
+    signal(parent, rustix::process::Signal::KILL);
+    let o = finish(child, t);
+    assert_eq!(o.code, None, "{}\n{}", o.out, o.err);
+    let everyone = [&[parent], kids.as_slice()].concat();
+    while !segments_of(&everyone).is_empty() && sent.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let left = segments_of(&everyone);
+    assert!(left.is_empty(), "segments left 5 s after SIGKILL: {left:?}");
 }
 
 /// `pto ARGS` in a private /dev/shm of `size` bytes (`64k`, `1m`), printing `left: N` (the

@@ -248,9 +248,14 @@ fn a_signal_ends_mpirun_and_every_rank(sig: rustix::process::Signal, code: i32) 
             .args(["-P", &pid.to_string()])
             .output()
             .unwrap();
+        // Not the janitor of pto's own segments, if it made any.
         let launcher: Option<u32> = String::from_utf8_lossy(&l.stdout)
             .split_whitespace()
-            .find_map(|p| p.parse().ok());
+            .filter_map(|p| p.parse().ok())
+            .find(|p: &u32| {
+                !std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"pto-janitor"))
+            });
         if let Some(m) = launcher {
             let r = ranks(m);
             if r.len() >= 3 {

@@ -13,7 +13,8 @@
 //! * [`process`]: process identity (pid plus start time) and liveness.
 //! * [`sweep`]: finds and removes segments whose creator died.
 //! * [`cleanup`]: on SIGINT/SIGTERM/SIGHUP, kill registered children and remove this
-//!   process's segments before exiting 128 + signal.
+//!   process's segments before exiting 128 + signal; after a `SIGKILL`, a janitor process
+//!   started with the first segment removes them.
 //! * [`report`]: failure lines written with one `write`, so concurrent writers never split them.
 //!
 //! ```
@@ -39,6 +40,7 @@ pub mod barrier;
 pub mod cleanup;
 pub mod cma;
 pub mod futex;
+mod janitor;
 pub mod process;
 pub mod report;
 pub mod ring;

@@ -224,6 +224,8 @@ impl Segment {
                 bytes: len as u64,
             });
         }
+        // A SIGKILL must not leave it behind either.
+        crate::janitor::ensure_for(name);
         // A signal ending this process must see this file, or it must not be made.
         let _creating = crate::cleanup::Creating::begin().ok_or_else(|| ShmError::Os {
             op: "shm_open (create)",
