@@ -9,6 +9,7 @@
 //! | 4 | environment or setup: no space in `/dev/shm`, MPI missing, a refused fork |
 //! | 5 | `pto check` found a race |
 //! | 128 + N | signal N ended it (SIGINT 130, SIGTERM 143, SIGHUP 129), after cleanup |
+//! | 141 | standard output was closed by its reader (`pto list \| head -1`), said as SIGPIPE would |
 
 use std::process::ExitCode;
 
@@ -19,6 +20,23 @@ pub const USAGE: u8 = 2;
 pub const RUNTIME: u8 = 3;
 pub const ENVIRONMENT: u8 = 4;
 pub const RACE: u8 = 5;
+/// 128 + SIGPIPE: standard output's reader left.
+pub const STDOUT_CLOSED: u8 = 141;
+
+/// Standard output's reader left (a broken pipe): nothing more to print, nothing to say.
+#[derive(Debug, thiserror::Error)]
+#[error("standard output was closed")]
+pub struct StdoutClosed;
+
+/// The error of a failed write to standard output: a closed pipe ends the command quietly;
+/// anything else (a full disk) is an environment error that says so.
+pub fn stdout_failed(e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        StdoutClosed.into()
+    } else {
+        Environment(format!("writing to standard output: {e}")).into()
+    }
+}
 
 /// A failure of the caller's making, said in words (exit 2).
 #[derive(Debug, thiserror::Error)]

@@ -2,6 +2,15 @@
 
 #![forbid(unsafe_code)]
 
+/// `println!` that returns the failure to write (a closed pipe, a full disk) from the enclosing
+/// function instead of panicking.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($t)*).map_err($crate::exit::stdout_failed)?
+    }};
+}
+
 mod cli;
 mod command;
 mod exit;
@@ -32,6 +41,8 @@ fn main() -> std::process::ExitCode {
     }
     match command::dispatch(cli) {
         Ok(code) => code,
+        // The reader of a pipe left (`pto list | head -1`): end quietly, as SIGPIPE would.
+        Err(e) if e.is::<exit::StdoutClosed>() => exit::code(exit::STDOUT_CLOSED),
         Err(e) => {
             pto_shm::eprint_line!("pto: {e:#}");
             exit::code(exit::code_of(&e))
@@ -48,7 +59,10 @@ fn json_failure(code: u8, message: &str) {
     if !matches!(words.command, Some("run" | "check")) || !args.iter().any(|a| a == "--json") {
         return;
     }
-    println!(
+    use std::io::Write as _;
+    // Nothing more to say if even this cannot be written.
+    let _ = writeln!(
+        std::io::stdout().lock(),
         "{}",
         serde_json::json!({
             "example": words.example, "ranks": words.value("--ranks").and_then(|r| r.parse::<u64>().ok()),

@@ -752,3 +752,45 @@ proptest! {
         prop_assert!(matches!(o.code, Some(0..=5)), "{:?}: {:?} {}", v, o.code, o.err);
     }
 }
+
+#[test]
+fn a_full_or_closed_standard_output_ends_the_command_without_a_panic() {
+    // A full disk: an environment error that says so.
+    for args in [
+        &["env"][..],
+        &["list"],
+        &["run", "allreduce_distributed", "--ranks", "2"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = Command::new(PTO)
+            .args(args)
+            .stdout(full)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(4), "{args:?}: {err}");
+        assert!(err.contains("No space left"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // A reader that left: quiet, 128 + SIGPIPE as a shell expects.
+    for args in [
+        &["env"][..],
+        &["run", "allreduce_distributed", "--ranks", "2"],
+    ] {
+        let mut c = Command::new(PTO)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(c.stdout.take());
+        let o = c.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(141), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

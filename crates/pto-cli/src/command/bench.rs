@@ -331,7 +331,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 v["openmp_ns_per_task"] = json!(b);
                 v["ratio_vs_openmp"] = json!((ratio * 1000.0).round() / 1000.0);
             }
-            println!("{v}");
+            outln!("{v}");
         } else {
             print!(
                 "{name:<8} {ns:>9.1} ns/task, {switches:.4} context switches/task, at most {peak} live ({} tasks, {threads} threads)",
@@ -340,7 +340,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             if let Some((b, ratio)) = base {
                 print!("   OpenMP {b:.1} ns/task, ratio {ratio:.3}");
             }
-            println!();
+            outln!();
         }
     }
     if !wanted(DagPattern::Granularity) {
@@ -348,7 +348,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let (min, seen) = granularity(&chip, threads)?;
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "bench": "dag_granularity", "threads": threads,
@@ -362,11 +362,11 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             .map(|(d, e)| format!("{d} ns: {:.0}%", e * 100.0))
             .collect();
         match min {
-            Some(d) => println!(
+            Some(d) => outln!(
                 "granularity: 50% efficiency from {d} ns tasks on {threads} threads ({})",
                 steps.join(", ")
             ),
-            None => println!(
+            None => outln!(
                 "granularity: 50% not reached up to 1 ms tasks ({})",
                 steps.join(", ")
             ),

@@ -118,7 +118,7 @@ pub fn check(a: &CheckArgs) -> anyhow::Result<ExitCode> {
             };
             if code != 0 || a.schedules == 1 {
                 print!("{}", render(r));
-                println!(
+                outln!(
                     "{} on {} rank(s) (checked{sched}): {races} ({} window accesses, {} ordering edges); the run {}: {run_detail}",
                     a.example,
                     a.ranks,
@@ -143,10 +143,10 @@ pub fn check(a: &CheckArgs) -> anyhow::Result<ExitCode> {
             .map(|s| s["seed"].clone())
             .collect::<Vec<_>>());
         v["exit_code"] = json!(worst);
-        println!("{v}");
+        outln!("{v}");
     } else if a.schedules > 1 {
         let bad = schedules.iter().filter(|s| s["exit_code"] != 0).count();
-        println!(
+        outln!(
             "{} on {} rank(s): {bad} of {} schedules failed{}",
             a.example,
             a.ranks,

@@ -7,7 +7,7 @@ use crate::cli::CleanArgs;
 pub fn clean(a: &CleanArgs) -> anyhow::Result<ExitCode> {
     let all = pto_shm::sweep::list();
     if all.is_empty() {
-        println!("no pto segments in /dev/shm");
+        outln!("no pto segments in /dev/shm");
         return Ok(ExitCode::SUCCESS);
     }
     let (mut removed, mut failed) = (0, 0);
@@ -18,7 +18,7 @@ pub fn clean(a: &CleanArgs) -> anyhow::Result<ExitCode> {
         );
         let state = if s.alive { "live" } else { "stale" };
         let remove = !a.dry_run && (!s.alive || a.all);
-        println!(
+        outln!(
             "{:<60} {:>12} bytes  {creator:<20} {state}{}",
             s.name,
             s.bytes,
@@ -36,12 +36,12 @@ pub fn clean(a: &CleanArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if failed > 0 {
-        println!(
+        outln!(
             "{} segment(s), {removed} removed, {failed} could not be removed",
             all.len()
         );
     } else {
-        println!("{} segment(s), {removed} removed", all.len());
+        outln!("{} segment(s), {removed} removed", all.len());
     }
     Ok(ExitCode::SUCCESS)
 }

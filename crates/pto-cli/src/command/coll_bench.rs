@@ -126,13 +126,13 @@ const COLUMNS: [(&str, usize); 10] = [
     ("wrong", 6),
 ];
 
-fn print_row(json: bool, r: &Row) {
+fn print_row(json: bool, r: &Row) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string(r).unwrap_or_default());
-        return;
+        outln!("{}", serde_json::to_string(r).unwrap_or_default());
+        return Ok(());
     }
     let f = |x: f64| format!("{x:.2}");
-    println!(
+    outln!(
         "{}",
         super::stats::table_line(
             &[
@@ -150,6 +150,7 @@ fn print_row(json: bool, r: &Row) {
             &COLUMNS
         )
     );
+    Ok(())
 }
 
 /// This machine's host name, for benchmark headers.
@@ -242,9 +243,9 @@ pub fn run_rank(comm: &Comm, cfg: &Config) -> anyhow::Result<()> {
             reduce_op: &cfg.reduce_op,
         };
         if cfg.json {
-            println!("{}", serde_json::to_string(&h)?);
+            outln!("{}", serde_json::to_string(&h)?);
         } else {
-            println!(
+            outln!(
                 "# pto bench {}: host {}, backend {}, {} ranks, pto {}, dtype {}{}",
                 h.op,
                 h.host,
@@ -258,7 +259,7 @@ pub fn run_rank(comm: &Comm, cfg: &Config) -> anyhow::Result<()> {
                     String::new()
                 }
             );
-            println!("{}", super::stats::table_header(&COLUMNS));
+            outln!("{}", super::stats::table_header(&COLUMNS));
         }
     }
     for bytes in sizes(cfg) {
@@ -272,7 +273,7 @@ pub fn run_rank(comm: &Comm, cfg: &Config) -> anyhow::Result<()> {
             d => bail!("--dtype {d:?}: float32, float64, int32, int64, float16 or bfloat16"),
         };
         if comm.rank() == 0 {
-            print_row(cfg.json, &row);
+            print_row(cfg.json, &row)?;
         }
     }
     comm.barrier()?;

@@ -51,10 +51,11 @@ fn run(comm: &Comm, json: bool, backend: &str) -> anyhow::Result<()> {
     let (me, n) = (comm.rank(), comm.size());
     let max = *SIZES.iter().max().unwrap_or(&8);
     let w = comm.alloc_window(&WindowSpec::new(max + 64))?;
-    let emit = |v: serde_json::Value| {
+    let emit = |v: serde_json::Value| -> anyhow::Result<()> {
         if me == 0 {
-            super::print_line(json, &v);
+            super::print_line(json, &v)?;
         }
+        Ok(())
     };
     // Barrier.
     for _ in 0..1000 {
@@ -63,7 +64,7 @@ fn run(comm: &Comm, json: bool, backend: &str) -> anyhow::Result<()> {
     let us = time_us(20_000, || Ok(comm.barrier()?))?;
     emit(
         json!({"bench": "barrier", "backend": backend, "ranks": n, "us": (us * 1000.0).round() / 1000.0}),
-    );
+    )?;
     // Put then quiet, rank 0 to rank 1 (to itself with one rank).
     let peer = 1 % n;
     for bytes in SIZES {
@@ -84,7 +85,7 @@ fn run(comm: &Comm, json: bool, backend: &str) -> anyhow::Result<()> {
                 "us": (us * 1000.0).round() / 1000.0, "GBps": (gbps * 100.0).round() / 100.0,
                 "memcpy_GBps": (base * 100.0).round() / 100.0,
                 "ratio_vs_memcpy": (gbps / base * 1000.0).round() / 1000.0,
-            }));
+            }))?;
         }
         comm.barrier()?;
     }
@@ -109,7 +110,7 @@ fn run(comm: &Comm, json: bool, backend: &str) -> anyhow::Result<()> {
         let one_way = t.elapsed().as_secs_f64() * 1e6 / f64::from(rounds) / 2.0;
         emit(
             json!({"bench": "signal_pingpong", "backend": backend, "ranks": 2, "us": (one_way * 1000.0).round() / 1000.0}),
-        );
+        )?;
         comm.barrier()?;
     }
     Ok(())
@@ -132,13 +133,19 @@ const ALLREDUCE_SIZES: [usize; 12] = [
 ];
 
 /// Prints one allreduce line: `{"bench", "ranks", "bytes", "us", "algbw_GBps"}`.
-fn emit_allreduce(json: bool, bench: &str, ranks: usize, bytes: usize, us: f64) {
+fn emit_allreduce(
+    json: bool,
+    bench: &str,
+    ranks: usize,
+    bytes: usize,
+    us: f64,
+) -> anyhow::Result<()> {
     let l = json!({
         "bench": bench, "ranks": ranks, "bytes": bytes,
         "us": (us * 1000.0).round() / 1000.0,
         "algbw_GBps": ((bytes as f64 / us / 1e3) * 1000.0).round() / 1000.0,
     });
-    super::print_line(json, &l);
+    super::print_line(json, &l)
 }
 
 /// Every rank runs this; rank 0 prints one JSON line per size. Returns `(bytes, us)` per size.
@@ -160,7 +167,7 @@ fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<Vec<(usize, f64)>> {
         })?;
         comm.barrier()?;
         if comm.rank() == 0 {
-            emit_allreduce(json, "allreduce", n, bytes, us);
+            emit_allreduce(json, "allreduce", n, bytes, us)?;
         }
         out.push((bytes, us));
     }
@@ -178,7 +185,7 @@ fn allreduce(comm: &Comm, json: bool) -> anyhow::Result<Vec<(usize, f64)>> {
         })?;
         comm.barrier()?;
         if comm.rank() == 0 {
-            emit_allreduce(json, "allreduce_window", n, bytes, us);
+            emit_allreduce(json, "allreduce_window", n, bytes, us)?;
         }
     }
     Ok(out)
@@ -224,12 +231,12 @@ fn mpi_bench(
             bail!("MPI_Allreduce returned {:?}, not {n}", recv.first());
         }
         if comm.rank() == 0 {
-            emit_allreduce(a.json, "mpi_allreduce", n, bytes, us);
+            emit_allreduce(a.json, "mpi_allreduce", n, bytes, us)?;
             let l = json!({
                 "bench": "allreduce_vs_mpi", "ranks": n, "bytes": bytes,
                 "ratio": ((us_ours / us) * 1000.0).round() / 1000.0,
             });
-            super::print_line(a.json, &l);
+            super::print_line(a.json, &l)?;
         }
     }
     Ok(ExitCode::SUCCESS)

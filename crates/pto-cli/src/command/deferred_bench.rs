@@ -215,7 +215,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
                "per_sec": q.round(), "mutex_deque_per_sec": m.round(), "ratio_vs_mutex": r3(q / m)}),
     ];
     for l in lines {
-        super::print_line(a.json, &l);
+        super::print_line(a.json, &l)?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -26,26 +26,29 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             match &a.plugin {
                 None => {
                     for e in pto_examples::EXAMPLES {
-                        println!("{:<24} {}", e.name, e.about);
+                        outln!("{:<24} {}", e.name, e.about);
                     }
                 }
                 Some(path) => {
                     let p = pto_plugin::Plugin::load(path)?;
-                    println!(
+                    outln!(
                         "plugin {} (ABI version {})",
                         p.path(),
                         pto_plugin::ABI_VERSION
                     );
                     for name in p.programs() {
-                        println!("program {name}");
+                        outln!("program {name}");
                     }
                     for (name, kind) in p.kernels() {
-                        println!("kernel  {name:<24} {kind}");
+                        outln!("kernel  {name:<24} {kind}");
                     }
                     for b in p.buffers() {
-                        println!(
+                        outln!(
                             "buffer  {:<24} {} x {} ({} bytes)",
-                            b.name, b.count, b.dtype, b.bytes
+                            b.name,
+                            b.count,
+                            b.dtype,
+                            b.bytes
                         );
                     }
                 }
@@ -56,7 +59,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let dir = pto_plugin::include_dir().map_err(|e| {
                 crate::exit::Environment(format!("writing pto.h to a cache folder: {e}"))
             })?;
-            println!("{}", dir.display());
+            outln!("{}", dir.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(a) => bench::bench(&a),
@@ -70,7 +73,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Env => {
             for v in pto::config::VARS {
                 let cur = std::env::var(v.name).unwrap_or_else(|_| "(unset)".into());
-                println!(
+                outln!(
                     "{:<22} {:<10} default {:<10} {}; {}",
                     v.name,
                     cur,
@@ -87,15 +90,16 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// Prints one benchmark line: the JSON object with `--json`, else its `key:value` pairs.
-pub fn print_line(json: bool, v: &serde_json::Value) {
+pub fn print_line(json: bool, v: &serde_json::Value) -> anyhow::Result<()> {
     if json {
-        println!("{v}");
+        outln!("{v}");
     } else {
-        println!(
+        outln!(
             "{}",
             v.to_string()
                 .replace(['{', '}', '"'], "")
                 .replace(',', "  ")
         );
     }
+    Ok(())
 }

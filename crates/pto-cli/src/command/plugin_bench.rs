@@ -110,7 +110,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             "c_kernel": c, "c_ns_per_task": (c_ns * 10.0).round() / 10.0,
             "ratio_c_vs_rust": (ratio * 1000.0).round() / 1000.0,
         });
-        super::print_line(a.json, &line);
+        super::print_line(a.json, &line)?;
     }
     Ok(ExitCode::SUCCESS)
 }

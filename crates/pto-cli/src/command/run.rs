@@ -308,6 +308,39 @@ fn child_json(f: &ChildFailure, chips: usize, root: bool) -> Value {
     })
 }
 
+/// `writeln!` into a report's `String` (which cannot fail).
+macro_rules! wln {
+    ($out:expr, $($t:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($t)*);
+    }};
+}
+
+/// Writes a report to standard output. A failed write makes a passing run's exit code the
+/// write's (141, quietly, when the reader of a pipe left; 4 with a message otherwise); a failed
+/// run keeps its own.
+fn write_report(code: u8, text: &str) -> u8 {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => code,
+        Err(e) => {
+            let e = exit::stdout_failed(e);
+            if code != 0 {
+                code
+            } else if e.is::<exit::StdoutClosed>() {
+                exit::STDOUT_CLOSED
+            } else {
+                pto_shm::eprint_line!("pto: {e:#}");
+                exit::code_of(&e)
+            }
+        }
+    }
+}
+
 /// The exit code of a finished run: 0 passed, 1 a wrong result (some rank's part did not match
 /// its golden and none failed), 3 a rank that failed, timed out or failed because of another.
 fn verdict_code(o: &Outcome) -> u8 {
@@ -337,6 +370,7 @@ impl Reporter {
     /// Prints a finished run's verdict: 0 on a match, 1 on a mismatch, 3 when a rank failed.
     fn outcome(&self, o: &Outcome) -> ExitCode {
         let code = verdict_code(o);
+        let mut out = String::new();
         let wall_ms = (o.wall.as_secs_f64() * 1e6).round() / 1e3;
         if self.json {
             let ranks: Vec<Value> = o
@@ -346,7 +380,8 @@ impl Reporter {
                 .collect();
             let error = (!o.passed)
                 .then(|| json!({ "kind": exit::kind(code), "message": o.detail, "ranks": ranks }));
-            println!(
+            wln!(
+                out,
                 "{}",
                 json!({
                     "example": self.example, "ranks": self.ranks, "backend": self.backend,
@@ -363,7 +398,8 @@ impl Reporter {
                 exit::WRONG_RESULT => "FAILED (wrong result)".to_string(),
                 _ => format!("FAILED (runtime failure, exit {code})"),
             };
-            println!(
+            wln!(
+                out,
                 "{} ({} tasks, {wall_ms:.2} ms): {}",
                 self.head(&verdict),
                 o.tasks,
@@ -371,14 +407,20 @@ impl Reporter {
             );
             if !o.passed {
                 for r in o.ranks.iter().filter(|r| r.state != RankState::Passed) {
-                    println!("  rank {} {}: {}", r.rank, state_word(r.state), r.detail);
+                    wln!(
+                        out,
+                        "  rank {} {}: {}",
+                        r.rank,
+                        state_word(r.state),
+                        r.detail
+                    );
                 }
             }
             if let (Some(p), true) = (&self.trace, o.passed) {
-                println!("trace written to {}", p.display());
+                wln!(out, "trace written to {}", p.display());
             }
         }
-        exit::code(code)
+        exit::code(write_report(code, &out))
     }
 
     /// Prints a run that ended in an error; the exit code comes from the error's kind.
@@ -396,11 +438,12 @@ impl Reporter {
                     .find_map(|c| c.downcast_ref::<WorkerError>())
                     .and_then(WorkerError::failures)
             });
-        self.print_error(code, &format!("{e:#}"), failure);
-        exit::code(code)
+        exit::code(self.print_error(code, &format!("{e:#}"), failure))
     }
 
-    fn print_error(&self, code: u8, message: &str, failure: Option<&RunFailure>) {
+    /// Prints a failed run's report; the exit code (`code`, or the failed write's).
+    fn print_error(&self, code: u8, message: &str, failure: Option<&RunFailure>) -> u8 {
+        let mut out = String::new();
         if self.json {
             let (root, ranks) = match failure {
                 Some(f) => (
@@ -412,7 +455,8 @@ impl Reporter {
                 ),
                 None => (Value::Null, Vec::new()),
             };
-            println!(
+            wln!(
+                out,
                 "{}",
                 json!({
                     "example": self.example, "ranks": self.ranks, "backend": self.backend,
@@ -444,10 +488,11 @@ impl Reporter {
                     if let Some(h) = &f.host {
                         text.push_str(&format!("\n  host run: {h}"));
                     }
-                    println!("{text}");
+                    wln!(out, "{text}");
                 }
                 None if code != exit::USAGE => {
-                    println!(
+                    wln!(
+                        out,
                         "{}: {message}",
                         self.head(&format!("FAILED ({what}, exit {code})"))
                     );
@@ -457,13 +502,13 @@ impl Reporter {
             // The report is on stdout; the error in one line on stderr too.
             pto_shm::eprint_line!("pto: {message}");
         }
+        write_report(code, &out)
     }
 
     /// A chip died between runs (the watcher's hook): report it; the caller exits 3.
     fn child_death(&self, f: &ChildFailure) -> u8 {
         let report = RunFailure::from_failures(vec![f.clone()]);
-        self.print_error(exit::RUNTIME, &f.to_string(), report.as_ref());
-        exit::RUNTIME
+        self.print_error(exit::RUNTIME, &f.to_string(), report.as_ref())
     }
 }
 

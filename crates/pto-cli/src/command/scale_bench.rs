@@ -101,12 +101,12 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         counts.push(a.max_ranks);
     }
     if !a.json {
-        println!(
+        outln!(
             "# pto bench scale: host {}, backend shm (the Worker's chips), pto {}",
             super::coll_bench::host_name(),
             env!("CARGO_PKG_VERSION")
         );
-        println!("{}", super::stats::table_header(&COLUMNS));
+        outln!("{}", super::stats::table_header(&COLUMNS));
     }
     let mut rows = Vec::new();
     for &n in &counts {
@@ -137,10 +137,10 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             mpi_allreduce1k_us: mpi.map(|m| m.1),
         };
         if a.json {
-            println!("{}", serde_json::to_string(&row)?);
+            outln!("{}", serde_json::to_string(&row)?);
         } else {
             let opt = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
-            println!(
+            outln!(
                 "{}",
                 super::stats::table_line(
                     &[
@@ -186,11 +186,15 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             to: big.last().map_or(0, |r| r.ranks),
         };
         if a.json {
-            println!("{}", serde_json::to_string(&f)?);
+            outln!("{}", serde_json::to_string(&f)?);
         } else {
-            println!(
+            outln!(
                 "# fit {}..{} ranks: {name} = {:.3} + {:.4}·n {unit} (grows as n^{:.2})",
-                f.from, f.to, f.intercept, f.per_rank, f.exponent
+                f.from,
+                f.to,
+                f.intercept,
+                f.per_rank,
+                f.exponent
             );
         }
     }

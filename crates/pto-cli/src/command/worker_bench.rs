@@ -114,7 +114,7 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
                "runs": TASK_RUNS, "first_run_us_per_task": r3(first_run_us)}),
     ];
     for l in lines {
-        super::print_line(a.json, &l);
+        super::print_line(a.json, &l)?;
     }
     Ok(ExitCode::SUCCESS)
 }
