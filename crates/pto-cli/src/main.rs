@@ -45,7 +45,14 @@ fn main() -> std::process::ExitCode {
         Err(e) if e.is::<exit::StdoutClosed>() => exit::code(exit::STDOUT_CLOSED),
         Err(e) => {
             pto_shm::eprint_line!("pto: {e:#}");
-            exit::code(exit::code_of(&e))
+            let code = exit::code_of(&e);
+            // `pto run` printed its object already; `pto check` stops before it prints one.
+            if CommandWords::of(&std::env::args().skip(1).collect::<Vec<_>>()).command
+                == Some("check")
+            {
+                json_failure(code, &format!("{e:#}"));
+            }
+            exit::code(code)
         }
     }
 }

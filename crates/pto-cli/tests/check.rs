@@ -143,3 +143,35 @@ fn pto_check_json_lists_a_stale_signal_as_a_warning() {
     assert_eq!(o.code, Some(0), "{}\n{}", o.out, o.err);
     assert!(o.out.contains("warning: rank "), "{}", o.out);
 }
+
+#[test]
+fn a_runtime_failure_under_the_checker_exits_3_on_every_backend() {
+    // A ring too small for the example's outputs fails its orchestration on every rank: a
+    // runtime failure (3), as `pto run` says, not a wrong result (1).
+    for backend in ["local", "shm"] {
+        let o = in_private_shm(&format!(
+            "PTO_RING_HEAP_BYTES=4096 \"$PTO\" check ffn_tp_parallel --ranks 2 --backend {backend} --json"
+        ));
+        assert_eq!(o.code, Some(3), "{backend}: {}\n{}", o.out, o.err);
+        let v: Value = serde_json::from_str(o.out.trim())
+            .unwrap_or_else(|e| panic!("{backend}: {e}: {}\n{}", o.out, o.err));
+        assert_eq!(v["exit_code"], 3, "{backend}: {v}");
+        assert_eq!(v["run"]["passed"], false, "{backend}: {v}");
+    }
+}
+
+#[test]
+fn a_usage_error_of_check_json_is_still_one_object() {
+    let o = in_private_shm("\"$PTO\" check no_such_example --json");
+    assert_eq!(o.code, Some(2), "{}\n{}", o.out, o.err);
+    let v: Value =
+        serde_json::from_str(o.out.trim()).unwrap_or_else(|e| panic!("{e}: {}\n{}", o.out, o.err));
+    assert_eq!(v["exit_code"], 2, "{v}");
+    assert_eq!(v["error"]["kind"], "usage", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no_such_example")),
+        "{v}"
+    );
+}

@@ -333,14 +333,13 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             }
             outln!("{v}");
         } else {
-            print!(
-                "{name:<8} {ns:>9.1} ns/task, {switches:.4} context switches/task, at most {peak} live ({} tasks, {threads} threads)",
+            let openmp = base
+                .map(|(b, ratio)| format!("   OpenMP {b:.1} ns/task, ratio {ratio:.3}"))
+                .unwrap_or_default();
+            outln!(
+                "{name:<8} {ns:>9.1} ns/task, {switches:.4} context switches/task, at most {peak} live ({} tasks, {threads} threads){openmp}",
                 a.tasks
             );
-            if let Some((b, ratio)) = base {
-                print!("   OpenMP {b:.1} ns/task, ratio {ratio:.3}");
-            }
-            outln!();
         }
     }
     if !wanted(DagPattern::Granularity) {

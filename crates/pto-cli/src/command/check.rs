@@ -90,7 +90,8 @@ pub fn check(a: &CheckArgs) -> anyhow::Result<ExitCode> {
         let r = &checked.report;
         let (run_passed, run_detail, run_code) = match &checked.run {
             Ok(o) if o.passed => (true, o.detail.clone(), 0),
-            Ok(o) => (false, o.detail.clone(), exit::WRONG_RESULT),
+            // A rank that failed or timed out is a runtime failure (3), as in `pto run`.
+            Ok(o) => (false, o.detail.clone(), super::run::verdict_code(o)),
             Err(e) => (false, e.to_string(), exit::of_fault(e.fault())),
         };
         let code = if !r.races.is_empty() {
@@ -117,7 +118,10 @@ pub fn check(a: &CheckArgs) -> anyhow::Result<ExitCode> {
                 None => String::new(),
             };
             if code != 0 || a.schedules == 1 {
-                print!("{}", render(r));
+                let text = render(r);
+                if !text.is_empty() {
+                    outln!("{}", text.trim_end_matches('\n'));
+                }
                 outln!(
                     "{} on {} rank(s) (checked{sched}): {races} ({} window accesses, {} ordering edges); the run {}: {run_detail}",
                     a.example,

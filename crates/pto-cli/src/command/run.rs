@@ -343,7 +343,7 @@ fn write_report(code: u8, text: &str) -> u8 {
 
 /// The exit code of a finished run: 0 passed, 1 a wrong result (some rank's part did not match
 /// its golden and none failed), 3 a rank that failed, timed out or failed because of another.
-fn verdict_code(o: &Outcome) -> u8 {
+pub(super) fn verdict_code(o: &Outcome) -> u8 {
     let failed = o.ranks.iter().any(|r| {
         matches!(
             r.state,
