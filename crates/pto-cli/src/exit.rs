@@ -109,6 +109,33 @@ pub fn kind(code: u8) -> &'static str {
         WRONG_RESULT => "wrong_result",
         USAGE => "usage",
         ENVIRONMENT => "environment",
+        129.. => "signal",
         _ => "runtime",
     }
+}
+
+/// With `--json`, the one object of a run that a signal ends (printed by the signal handler
+/// after its cleanup: `pto_shm::cleanup::set_last_words`).
+pub fn json_on_signal(example: &str, ranks: Option<usize>, backend: &'static str) {
+    let example = example.to_string();
+    pto_shm::cleanup::set_last_words(move |code| {
+        let what = match code {
+            130 => "interrupted (SIGINT)",
+            143 => "terminated (SIGTERM)",
+            _ => "hung up (SIGHUP)",
+        };
+        format!(
+            "{}\n",
+            serde_json::json!({
+                "example": example, "ranks": ranks, "backend": backend,
+                "passed": false, "wall_ms": null, "tasks": null,
+                "exit_code": code,
+                "error": {
+                    "kind": kind(code as u8),
+                    "message": format!("{what}: children stopped, segments removed"),
+                    "root_cause": null, "ranks": [],
+                },
+            })
+        )
+    });
 }

@@ -449,6 +449,7 @@ fn signals_end_every_child_remove_every_segment_and_exit_128_plus_the_signal() {
                 "3",
                 "--size",
                 "8000000",
+                "--json",
             ],
             &[],
         );
@@ -459,6 +460,10 @@ fn signals_end_every_child_remove_every_segment_and_exit_128_plus_the_signal() {
         signal(parent, sig);
         let o = finish(child, t);
         assert_eq!(o.code, Some(code), "{sig:?}: {}\n{}", o.out, o.err);
+        // `--json` prints its one object even so.
+        let v = json(&o);
+        assert_eq!(v["exit_code"], code, "{sig:?}: {v}");
+        assert_eq!(v["error"]["kind"], "signal", "{sig:?}: {v}");
         assert!(
             sent.elapsed() < Duration::from_secs(2),
             "{sig:?} took {:?}",

@@ -20,7 +20,7 @@
 
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 const SLOTS: usize = 4096;
 /// Marks an entry as a process group (killed as a group, `SIGTERM` first).
@@ -33,6 +33,20 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 static INSTALLER: AtomicU32 = AtomicU32::new(0);
 /// Set once a signal or [`terminate`] started ending the process.
 static TERMINATING: AtomicBool = AtomicBool::new(false);
+
+/// What the installer prints on standard output when `SIGINT`, `SIGTERM` or `SIGHUP` (in that
+/// order) ends it; null for nothing. Set by [`set_last_words`], never freed (a handler may be
+/// reading an earlier one).
+static LAST_WORDS: [AtomicPtr<&'static [u8]>; 3] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; 3];
+
+/// Who prints the last words: `WORDS_ARMED` until a signal handler (`WORDS_SIGNALED`) or the
+/// process's own final report (`WORDS_PRINTING`, then `WORDS_DONE`) takes the turn.
+static WORDS_STATE: AtomicU32 = AtomicU32::new(WORDS_ARMED);
+const WORDS_ARMED: u32 = 0;
+const WORDS_SIGNALED: u32 = 1;
+const WORDS_PRINTING: u32 = 2;
+const WORDS_DONE: u32 = 3;
 
 /// Segment creations under way in this process (see [`Creating`]).
 static CREATING: AtomicU32 = AtomicU32::new(0);
@@ -110,6 +124,48 @@ pub fn forget(pid: u32) {
     }
 }
 
+/// Sets what this process prints on standard output, after the cleanup, when `SIGINT`, `SIGTERM`
+/// or `SIGHUP` ends it: `words(exit code)` for each (130, 143, 129), made now, so that the
+/// handler only writes bytes. For a command that promises one JSON object whatever happens.
+/// A later call replaces the words (the earlier ones stay allocated, a few hundred bytes).
+pub fn set_last_words(words: impl Fn(i32) -> String) {
+    for (slot, sig) in LAST_WORDS
+        .iter()
+        .zip([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
+    {
+        let text: &'static [u8] = Box::leak(words(128 + sig).into_bytes().into_boxed_slice());
+        slot.store(Box::into_raw(Box::new(text)), Ordering::Release);
+    }
+}
+
+/// The process's own final report, printed instead of the last words of [`set_last_words`]:
+/// while it is held a signal's handler waits (at most 200 ms) for the report to be written
+/// whole before the process exits, and prints nothing more.
+#[derive(Debug)]
+pub struct FinalReport(());
+
+impl FinalReport {
+    /// `None` when a signal is ending the process already: its handler prints the last words,
+    /// the caller prints nothing.
+    pub fn begin() -> Option<FinalReport> {
+        WORDS_STATE
+            .compare_exchange(
+                WORDS_ARMED,
+                WORDS_PRINTING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .ok()
+            .map(|_| FinalReport(()))
+    }
+}
+
+impl Drop for FinalReport {
+    fn drop(&mut self) {
+        WORDS_STATE.store(WORDS_DONE, Ordering::Release);
+    }
+}
+
 /// Installs the handler on `SIGINT`, `SIGTERM` and `SIGHUP`, each only where its disposition is
 /// the default. Idempotent; forked children inherit it.
 pub fn install() {
@@ -156,6 +212,36 @@ extern "C" fn on_signal(sig: libc::c_int) {
         // SAFETY: write(2) on stderr with a static buffer is async-signal-safe.
         unsafe {
             libc::write(2, name.as_ptr().cast(), name.len());
+        }
+        let slot = match sig {
+            libc::SIGINT => 0,
+            libc::SIGTERM => 1,
+            _ => 2,
+        };
+        let words = LAST_WORDS[slot].load(Ordering::Acquire);
+        let mine = WORDS_STATE
+            .compare_exchange(
+                WORDS_ARMED,
+                WORDS_SIGNALED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        if !mine {
+            // The final report is being written: let it finish.
+            for _ in 0..200 {
+                if WORDS_STATE.load(Ordering::Acquire) != WORDS_PRINTING {
+                    break;
+                }
+                sleep_ms(1);
+            }
+        } else if !words.is_null() {
+            // SAFETY: a non-null slot points to a leaked `&'static [u8]` (`set_last_words`),
+            // never freed; write(2) on stdout is async-signal-safe.
+            unsafe {
+                let w: &[u8] = *words;
+                libc::write(1, w.as_ptr().cast(), w.len());
+            }
         }
     }
     // SAFETY: _exit is async-signal-safe and does not return.

@@ -80,6 +80,9 @@ pub fn check(a: &CheckArgs) -> anyhow::Result<ExitCode> {
         backend: a.backend.backend(),
         on_child_exit: None,
     };
+    if a.json {
+        exit::json_on_signal(&a.example, Some(a.ranks), a.backend.backend().name());
+    }
     let perturbed = a.schedules > 1 || a.seed.is_some();
     let base = a.seed.unwrap_or(0);
     let mut worst = 0u8;
@@ -147,7 +150,10 @@ pub fn check(a: &CheckArgs) -> anyhow::Result<ExitCode> {
             .map(|s| s["seed"].clone())
             .collect::<Vec<_>>());
         v["exit_code"] = json!(worst);
-        outln!("{v}");
+        // A signal ending the process already prints its own object.
+        if let Some(_report) = pto_shm::cleanup::FinalReport::begin() {
+            outln!("{v}");
+        }
     } else if a.schedules > 1 {
         let bad = schedules.iter().filter(|s| s["exit_code"] != 0).count();
         outln!(

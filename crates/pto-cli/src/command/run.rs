@@ -32,6 +32,9 @@ pub fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
         json: a.json,
         trace: a.trace.clone(),
     };
+    if rep.json {
+        exit::json_on_signal(&rep.example, Some(rep.ranks), rep.backend);
+    }
     Ok(match execute(a, &rep) {
         Ok(Flow::Report(o)) => rep.outcome(&o),
         Ok(Flow::Exit(code)) => code,
@@ -321,6 +324,10 @@ macro_rules! wln {
 /// run keeps its own.
 fn write_report(code: u8, text: &str) -> u8 {
     use std::io::Write as _;
+    // A signal ending the process already prints its own object (`--json`).
+    let Some(_report) = pto_shm::cleanup::FinalReport::begin() else {
+        return code;
+    };
     let mut stdout = std::io::stdout().lock();
     match stdout
         .write_all(text.as_bytes())
