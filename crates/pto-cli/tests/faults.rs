@@ -799,3 +799,41 @@ fn a_full_or_closed_standard_output_ends_the_command_without_a_panic() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_signal_ends_a_benchmark_anchor_and_what_it_started() {
+    // An anchor that hangs (a script whose child sleeps) ends with pto.
+    let script = std::env::temp_dir().join(format!("pto-hanging-anchor-{}.sh", std::process::id()));
+    std::fs::write(&script, "#!/bin/sh\nsleep 30\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let t = Instant::now();
+    let child = spawn(
+        &[
+            "bench",
+            "dag",
+            "--tasks",
+            "10",
+            "--reps",
+            "1",
+            "--omp-anchor",
+            script.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let parent = child.id();
+    let anchor = wait_children(parent, 1);
+    let sleeper = wait_children(anchor[0], 1);
+    signal(parent, rustix::process::Signal::TERM);
+    let o = finish(child, t);
+    let _ = std::fs::remove_file(&script);
+    assert_eq!(o.code, Some(143), "{}\n{}", o.out, o.err);
+    let sent = Instant::now();
+    let everyone = [anchor, sleeper].concat();
+    while everyone.iter().any(|&p| alive(p)) && sent.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        everyone.iter().all(|&p| !alive(p)),
+        "the anchor outlived pto: {everyone:?}"
+    );
+}

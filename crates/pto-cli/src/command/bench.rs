@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use pto::prelude::*;
 use serde_json::json;
 
@@ -211,11 +211,15 @@ type OmpRun = (f64, f64, Option<f64>);
 /// Runs the OpenMP anchor and parses `chain_ns_per_task=`, `fan_ns_per_task=` and, if there,
 /// `diamond_ns_per_task=`.
 fn omp(path: &Path, n: usize, threads: usize) -> anyhow::Result<OmpRun> {
-    let out = std::process::Command::new(path)
-        .arg(n.to_string())
-        .env("OMP_NUM_THREADS", threads.to_string())
-        .output()
-        .with_context(|| format!("running {}", path.display()))?;
+    let mut cmd = std::process::Command::new(path);
+    cmd.arg(n.to_string())
+        .env("OMP_NUM_THREADS", threads.to_string());
+    // libgomp runs 200 000 tasks in well under a second here.
+    let out = super::anchor::run(
+        cmd,
+        &format!("the OpenMP anchor {}", path.display()),
+        std::time::Duration::from_secs(300),
+    )?;
     if !out.status.success() {
         bail!(
             "the OpenMP anchor {} failed ({}): {}",
@@ -231,7 +235,13 @@ fn omp(path: &Path, n: usize, threads: usize) -> anyhow::Result<OmpRun> {
             .and_then(|v| v.parse().ok())
     };
     let field = |key: &str| -> anyhow::Result<f64> {
-        find(key).with_context(|| format!("no {key} in the anchor's output {text:?}"))
+        find(key).ok_or_else(|| {
+            crate::exit::Usage(format!(
+                "{} is not the OpenMP anchor: no {key} in its output {text:?} (build it: gcc -O2 -fopenmp -o omp_deps scripts/anchors/omp_deps.c)",
+                path.display()
+            ))
+            .into()
+        })
     };
     Ok((
         field("chain_ns_per_task=")?,

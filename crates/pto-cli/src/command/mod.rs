@@ -1,5 +1,6 @@
 //! One module per verb.
 
+mod anchor;
 mod bench;
 mod check;
 mod clean;

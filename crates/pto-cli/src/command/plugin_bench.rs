@@ -11,7 +11,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use pto::prelude::*;
 use serde_json::json;
 
@@ -63,10 +63,11 @@ fn time(
 }
 
 pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
-    let path = a
-        .plugin
-        .as_ref()
-        .context("pto bench plugin needs --plugin LIB (build examples/plugin/empty.c)")?;
+    let path = a.plugin.as_ref().ok_or_else(|| {
+        crate::exit::Usage(
+            "pto bench plugin needs --plugin LIB (build examples/plugin/empty.c)".into(),
+        )
+    })?;
     let plugin = pto_plugin::Plugin::load(path)?;
     let mut reg = KernelRegistry::new();
     pto::kernels::register_all(&mut reg)?;
@@ -77,10 +78,11 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
     plugin.add_kernels(&mut reg)?;
     for k in ["empty", "plugin_inc"] {
         if reg.lookup(k).is_err() {
-            bail!(
+            return Err(crate::exit::Usage(format!(
                 "plugin {} has no kernel {k:?} (build examples/plugin/empty.c)",
                 plugin.path()
-            );
+            ))
+            .into());
         }
     }
     let cpus = std::thread::available_parallelism().map_or(2, usize::from);

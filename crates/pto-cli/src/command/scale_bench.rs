@@ -64,16 +64,20 @@ const MPI_ANCHOR_MAX_RANKS: usize = 512;
 
 /// The anchor's `barrier_us` and `allreduce1KB_us` at `n` ranks under `mpirun`.
 fn mpi_anchor(exe: &Path, n: usize) -> anyhow::Result<(f64, f64)> {
-    let out = Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-n",
-            &n.to_string(),
-        ])
-        .arg(exe)
-        .output()
-        .context("running mpirun (Open MPI's launcher)")?;
+    let mut cmd = Command::new("mpirun");
+    cmd.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-n",
+        &n.to_string(),
+    ])
+    .arg(exe);
+    // Open MPI starts 512 oversubscribed ranks in a few minutes here.
+    let out = super::anchor::run(
+        cmd,
+        "mpirun (Open MPI's launcher)",
+        std::time::Duration::from_secs(900),
+    )?;
     let text = String::from_utf8_lossy(&out.stdout);
     let field = |k: &str| {
         text.split_whitespace()
@@ -83,7 +87,7 @@ fn mpi_anchor(exe: &Path, n: usize) -> anyhow::Result<(f64, f64)> {
     match (field("barrier_us="), field("allreduce1KB_us=")) {
         (Some(b), Some(a)) => Ok((b, a)),
         _ => anyhow::bail!(
-            "the MPI anchor printed no figures at {n} ranks: {}{}",
+            "the MPI anchor printed no figures at {n} ranks: {} {}",
             text.trim(),
             String::from_utf8_lossy(&out.stderr).trim()
         ),
@@ -91,6 +95,16 @@ fn mpi_anchor(exe: &Path, n: usize) -> anyhow::Result<(f64, f64)> {
 }
 
 pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
+    // A missing anchor is reported before the benchmark runs, not as a note after each count.
+    if let Some(p) = &a.mpi_anchor {
+        if !p.is_file() {
+            return Err(crate::exit::Usage(format!(
+                "the MPI anchor {} is not a file (build it: mpicc -O2 -o mpi_bar8 mpi_bar8.c, from the shared anchors)",
+                p.display()
+            ))
+            .into());
+        }
+    }
     let mut counts = Vec::new();
     let mut n = 2;
     while n <= a.max_ranks {
