@@ -202,7 +202,7 @@ pub struct BenchArgs {
     /// The C plugin for `plugin` (built from examples/plugin/empty.c).
     #[arg(long)]
     pub plugin: Option<PathBuf>,
-    /// Scale: the largest rank count, 2 to 1024 (the counts are the powers of two up to it).
+    /// Scale: the largest rank count, 2 to 1024 (the counts are the powers of two below it, then it).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(2..=pto_comm::MAX_RANKS as u64).map(|v| v as usize))]
     pub max_ranks: usize,
     /// Scale: the Open MPI anchor binary (`mpi_bar8` from shared/anchors), run under `mpirun`

@@ -30,19 +30,21 @@ pub fn init(verbose: u8, quiet: bool) -> anyhow::Result<()> {
         };
         Targets::new().with_default(level)
     } else if let Some(v) = pto::config::text("PTO_LOG")? {
-        Targets::from_str(&v).map_err(|e| {
+        plain_targets(&v).and_then(|()| Targets::from_str(&v).map_err(|e| e.to_string())).map_err(|e| {
             Usage(format!(
                 "PTO_LOG={v:?} is not a log filter ({e}): use error, warn, info, debug, trace, or target=level lists such as pto_worker=debug,warn"
             ))
         })?
     } else {
         match std::env::var("RUST_LOG") {
-            Ok(v) if !v.trim().is_empty() => Targets::from_str(&v).unwrap_or_else(|e| {
-                warning = Some(format!(
+            Ok(v) if !v.trim().is_empty() => plain_targets(&v)
+                .and_then(|()| Targets::from_str(&v).map_err(|e| e.to_string()))
+                .unwrap_or_else(|e| {
+                    warning = Some(format!(
                     "RUST_LOG={v:?} is not a filter pto understands ({e}); logging warnings only"
                 ));
-                Targets::new().with_default(LevelFilter::WARN)
-            }),
+                    Targets::new().with_default(LevelFilter::WARN)
+                }),
             _ => Targets::new().with_default(LevelFilter::WARN),
         }
     };
@@ -56,6 +58,22 @@ pub fn init(verbose: u8, quiet: bool) -> anyhow::Result<()> {
         .try_init();
     if let Some(w) = warning {
         tracing::warn!("{w}");
+    }
+    Ok(())
+}
+
+/// Refuses directives whose target is not a Rust path (`Targets` takes `garbage[[[` as a
+/// target no event has, which would silently log nothing).
+fn plain_targets(filter: &str) -> Result<(), String> {
+    for d in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let target = d.split('=').next().unwrap_or("");
+        if target.is_empty()
+            || !target
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        {
+            return Err(format!("{d:?} is not target=level"));
+        }
     }
     Ok(())
 }

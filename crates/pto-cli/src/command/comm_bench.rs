@@ -315,11 +315,16 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
             ))
             .into());
         }
-        if super::coll_bench::Target::parse(&cfg.algorithm).is_none()
-            || (cfg.algorithm != "auto" && cfg.op != super::coll_bench::Op::Allreduce)
-        {
+        if super::coll_bench::Target::parse(&cfg.algorithm).is_none() {
             return Err(crate::exit::Usage(format!(
-                "--algorithm {:?}: auto, mesh, two-phase, ring, single-copy, tree or window (window and the named algorithms for allreduce only)",
+                "--algorithm {:?}: auto, mesh, two-phase, ring, single-copy, tree or window",
+                cfg.algorithm
+            ))
+            .into());
+        }
+        if cfg.algorithm != "auto" && cfg.op != super::coll_bench::Op::Allreduce {
+            return Err(crate::exit::Usage(format!(
+                "--algorithm {:?} applies to allreduce only: the other collectives take auto",
                 cfg.algorithm
             ))
             .into());
