@@ -206,7 +206,11 @@ fn bad_arguments_and_variables_are_usage_errors_that_name_them() {
             "PTO_MPI_WINDOWS",
         ),
         (&["run", "allgather"], &[("PTO_LOG", "pto=loud")], "PTO_LOG"),
-        (&["list"], &[("PTO_LOG", "garbage[[["), ("RUST_LOG", "")], "PTO_LOG"),
+        (
+            &["list"],
+            &[("PTO_LOG", "garbage[[["), ("RUST_LOG", "")],
+            "PTO_LOG",
+        ),
         (&["bench", "plugin"], &[], "--plugin"),
         (&["bench", "dag", "--reps", "0"], &[], "--reps"),
         (&["bench", "dag", "--tasks", "0"], &[], "--tasks"),

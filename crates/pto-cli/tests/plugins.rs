@@ -388,3 +388,30 @@ fn a_plugin_written_in_cpp_builds_with_cxx_and_runs() {
         assert_eq!(v["passed"], true, "{}", o.out);
     }
 }
+
+#[test]
+fn a_rank_whose_kernel_stalls_is_the_root_cause_not_the_rank_that_waited_for_it() {
+    // Rank 0 waits for rank 1 at the end of its run and times out first; rank 1's kernel never
+    // finishes and its chip's stall detector fails the run later. Rank 1 is the root cause.
+    let p = build_plugin("crates/pto-cli/tests/plugins/cases.c", &[]);
+    for backend in ["local", "shm"] {
+        let o = in_private_shm(&format!(
+            "PTO_WAIT_TIMEOUT_MS=1000 PTO_STALL_TIMEOUT_MS=2000 \"$PTO\" run --plugin '{}' stall --ranks 2 --backend {backend} --json",
+            p.path.display()
+        ));
+        assert_eq!(o.code, Some(3), "{backend}: {}\n{}", o.out, o.err);
+        let v: serde_json::Value = serde_json::from_str(o.out.trim())
+            .unwrap_or_else(|e| panic!("{backend}: {e}: {}\n{}", o.out, o.err));
+        let root = &v["error"]["root_cause"];
+        assert_eq!(root["rank"], 1, "{backend}: {v}");
+        // On threads the chip's stall detector says it; on processes the host's deadline on
+        // the chip that stopped answering.
+        assert!(
+            root["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("stall"))
+                || root["state"] == "no_answer",
+            "{backend}: {v}"
+        );
+    }
+}

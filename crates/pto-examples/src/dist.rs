@@ -86,9 +86,37 @@ fn rank_error(comm: &Comm, e: &ExampleError) -> (Cause, String) {
     let text = e.to_string();
     let cause = match e {
         ExampleError::Comm(c) if c.cause() != Cause::Own => c.cause(),
+        _ if own_failure(e) => Cause::Own,
         _ => comm.cause_of(&text),
     };
     (cause, text)
+}
+
+/// A failure that is this rank's own whatever happened elsewhere (a peer's wait may have timed
+/// out on it first): one of its kernels did not finish (a stall), or failed with an error that
+/// names no peer, deadline or abort.
+fn own_failure(e: &ExampleError) -> bool {
+    let run = match e {
+        ExampleError::Run(r) | ExampleError::Plugin(pto_plugin::PluginError::Run(r)) => r,
+        _ => return false,
+    };
+    match run {
+        pto_core::RunError::Stalled { .. } => true,
+        pto_core::RunError::TaskFailed { failure, .. } => {
+            let m = &failure.message;
+            ![
+                "aborted by rank",
+                "died",
+                "exited",
+                "failed",
+                "timed out after",
+                "has left",
+            ]
+            .iter()
+            .any(|w| m.contains(w))
+        }
+        _ => false,
+    }
 }
 
 /// Runs a rank example on `n` threads.

@@ -380,13 +380,35 @@ impl Reporter {
         let mut out = String::new();
         let wall_ms = (o.wall.as_secs_f64() * 1e6).round() / 1e3;
         if self.json {
-            let ranks: Vec<Value> = o
-                .ranks
-                .iter()
-                .map(|r| json!({ "rank": r.rank, "state": state_word(r.state), "message": r.detail }))
-                .collect();
-            let error = (!o.passed)
-                .then(|| json!({ "kind": exit::kind(code), "message": o.detail, "ranks": ranks }));
+            // The root cause leads, as the outcome's detail does: the first rank that failed
+            // on its own, else timed out, else failed because of another, else mismatched.
+            let root = [
+                RankState::Failed,
+                RankState::TimedOut,
+                RankState::Consequence,
+                RankState::Mismatch,
+            ]
+            .iter()
+            .find_map(|s| o.ranks.iter().find(|r| r.state == *s))
+            .map(|r| r.rank);
+            let entry = |r: &pto_examples::RankStatus| {
+                json!({
+                    "rank": r.rank, "who": format!("rank {}", r.rank),
+                    // Ranks that ran in this process (threads) or reported through it.
+                    "pid": std::process::id(), "state": state_word(r.state), "exit": Value::Null,
+                    "message": r.detail, "root_cause": Some(r.rank) == root,
+                })
+            };
+            let ranks: Vec<Value> = o.ranks.iter().map(entry).collect();
+            let root_cause = root
+                .and_then(|k| o.ranks.iter().find(|r| r.rank == k))
+                .map_or(Value::Null, entry);
+            let error = (!o.passed).then(|| {
+                json!({
+                    "kind": exit::kind(code), "message": o.detail,
+                    "root_cause": root_cause, "ranks": ranks,
+                })
+            });
             wln!(
                 out,
                 "{}",

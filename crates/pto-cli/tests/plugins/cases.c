@@ -4,9 +4,11 @@
  * and read back, SPMD blocks, scalars, explicit dependencies; and `calls`, which uses every
  * call the others leave out (pto_barrier, pto_orch_rank/nranks, the tensor and scalar
  * accessors, NO_DEP and every scalar dtype, AIC and MIX kernels) and checks each result.
- * The pto-cli tests run it. */
+ * `stall` never finishes its kernel on rank 1 (for 10 s). The pto-cli tests run it. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep under -std=c11 */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "pto.h"
 
@@ -30,6 +32,19 @@ static int crash(pto_kernel_ctx *ctx) {
     if (rank == 1) *(volatile int *)0 = 1;
     return PTO_OK;
 }
+
+/* Rank 1's kernel does not finish (for 10 s): the stall detector's case. */
+static int stall(pto_kernel_ctx *ctx) {
+    uint32_t rank;
+    pto_rank(ctx, &rank);
+    if (rank == 1) {
+        struct timespec t = {10, 0};
+        nanosleep(&t, NULL);
+    }
+    return PTO_OK;
+}
+
+static int stall_prog(pto_orch *o) { return pto_submit(o, "stall", NULL, 0); }
 
 #define EXPECT(call, code)                                                                   \
     do {                                                                                     \
@@ -360,6 +375,8 @@ PTO_EXPORT int pto_plugin_register(pto_registry *reg) {
     rc |= pto_register_kernel(reg, "after_boom", PTO_AIV, after_boom);
     rc |= pto_register_kernel(reg, "bad_put", PTO_AIV, bad_put);
     rc |= pto_register_kernel(reg, "crash", PTO_AIV, crash);
+    rc |= pto_register_kernel(reg, "stall", PTO_AIV, stall);
+    rc |= pto_register_program(reg, "stall", stall_prog);
     rc |= pto_register_kernel(reg, "bad_calls", PTO_AIV, bad_calls);
     rc |= pto_register_program(reg, "fail", fail_prog);
     rc |= pto_register_program(reg, "bad_put", bad_put_prog);
