@@ -19,7 +19,8 @@
 
 #![allow(unsafe_code)]
 
-use std::os::fd::IntoRawFd;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -57,6 +58,115 @@ pub(crate) fn ensure_for(name: &str) {
 fn start(me: u32) -> std::io::Result<u32> {
     // Both ends close-on-exec: only the janitor's standard input survives its exec.
     let (read, write) = std::io::pipe()?;
+    let pid = match spawn_closing_fds(me, read.as_raw_fd())? {
+        Some(pid) => pid,
+        None => spawn_with_fork(me, read)?,
+    };
+    // The write end stays open for the rest of this process's life (and in the children it
+    // forks); nobody writes to it.
+    let _ = write.into_raw_fd();
+    Ok(pid)
+}
+
+type AddCloseFrom =
+    unsafe extern "C" fn(*mut libc::posix_spawn_file_actions_t, libc::c_int) -> libc::c_int;
+
+/// `posix_spawn` (a `vfork`: no copy of this process's page tables, about 0.2 ms against 0.7
+/// for `fork` here, which made a 9 ms `pto run` 20 % slower) with every descriptor from 3 up
+/// closed in the child: glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34), looked up
+/// at run time so that an older C library still links. `None` when it is missing.
+#[allow(clippy::transmute_ptr_to_ptr)]
+fn spawn_closing_fds(me: u32, read: RawFd) -> std::io::Result<Option<u32>> {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks the symbol up.
+    let sym = unsafe {
+        libc::dlsym(
+            libc::RTLD_DEFAULT,
+            c"posix_spawn_file_actions_addclosefrom_np".as_ptr(),
+        )
+    };
+    if sym.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: glibc declares the symbol with exactly this signature.
+    let closefrom: AddCloseFrom =
+        unsafe { std::mem::transmute::<*mut libc::c_void, AddCloseFrom>(sym) };
+    let script = CString::new(SCRIPT).map_err(std::io::Error::other)?;
+    let pid_arg = CString::new(me.to_string()).map_err(std::io::Error::other)?;
+    let argv: [*const libc::c_char; 6] = [
+        c"/bin/sh".as_ptr(),
+        c"-c".as_ptr(),
+        script.as_ptr(),
+        c"pto-janitor".as_ptr(),
+        pid_arg.as_ptr(),
+        std::ptr::null(),
+    ];
+    let envp: [*const libc::c_char; 2] = [c"PATH=/usr/bin:/bin".as_ptr(), std::ptr::null()];
+    let check = |rc: libc::c_int| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::from_raw_os_error(rc))
+        }
+    };
+    // SAFETY: the file actions and attributes are initialised before use and destroyed once,
+    // on every path; every pointer handed to posix_spawn outlives the call (the C strings and
+    // arrays above); `read` is an open descriptor.
+    unsafe {
+        let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
+        check(libc::posix_spawn_file_actions_init(&mut fa))?;
+        if let Err(e) = check(libc::posix_spawnattr_init(&mut attr)) {
+            libc::posix_spawn_file_actions_destroy(&mut fa);
+            return Err(e);
+        }
+        let mut pid: libc::pid_t = 0;
+        let result = (|| {
+            check(libc::posix_spawn_file_actions_adddup2(&mut fa, read, 0))?;
+            check(libc::posix_spawn_file_actions_addopen(
+                &mut fa,
+                1,
+                c"/dev/null".as_ptr(),
+                libc::O_WRONLY,
+                0,
+            ))?;
+            check(libc::posix_spawn_file_actions_adddup2(&mut fa, 1, 2))?;
+            check(closefrom(&mut fa, 3))?;
+            // A group of its own (a terminal's Ctrl-C does not reach it), no blocked signal,
+            // and the default action for those this process ignores or handles.
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            let mut dfl: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut dfl);
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+                libc::sigaddset(&mut dfl, sig);
+            }
+            check(libc::posix_spawnattr_setpgroup(&mut attr, 0))?;
+            check(libc::posix_spawnattr_setsigmask(&mut attr, &none))?;
+            check(libc::posix_spawnattr_setsigdefault(&mut attr, &dfl))?;
+            check(libc::posix_spawnattr_setflags(
+                &mut attr,
+                (libc::POSIX_SPAWN_SETPGROUP
+                    | libc::POSIX_SPAWN_SETSIGMASK
+                    | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short,
+            ))?;
+            check(libc::posix_spawn(
+                &mut pid,
+                c"/bin/sh".as_ptr(),
+                &fa,
+                &attr,
+                argv.as_ptr().cast(),
+                envp.as_ptr().cast(),
+            ))
+        })();
+        libc::posix_spawnattr_destroy(&mut attr);
+        libc::posix_spawn_file_actions_destroy(&mut fa);
+        result.map(|()| Some(pid as u32))
+    }
+}
+
+/// The portable way, for a C library without `addclosefrom_np`: `fork`, then every
+/// descriptor from 3 up marked close-on-exec before the `exec`.
+fn spawn_with_fork(me: u32, read: std::io::PipeReader) -> std::io::Result<u32> {
     let mut cmd = Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(SCRIPT)
@@ -75,12 +185,8 @@ fn start(me: u32) -> std::io::Result<u32> {
             Ok(())
         });
     }
-    let child = cmd.spawn()?;
-    drop(cmd);
-    // The write end stays open for the rest of this process's life (and in the children it
-    // forks); nobody writes to it.
-    let _ = write.into_raw_fd();
-    Ok(child.id())
+    // Not waited for: it ends after this process does.
+    Ok(cmd.spawn()?.id())
 }
 
 /// Marks every descriptor from `first` up close-on-exec (in a child about to `exec`).
@@ -110,5 +216,53 @@ fn close_on_exec_from(first: u32) {
                 libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn dead_pid() -> u32 {
+        let mut c = Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        pid
+    }
+
+    /// A janitor started by `spawn` for a process that has ended removes its segments once
+    /// the pipe's write end is closed, not before.
+    fn removes_after_the_end(spawn: impl Fn(u32, std::io::PipeReader) -> std::io::Result<u32>) {
+        let pid = dead_pid();
+        let path = format!("/dev/shm/pto.{pid}.00000000000ba5ed.janitor-test");
+        std::fs::write(&path, b"x").unwrap();
+        let (read, write) = std::io::pipe().unwrap();
+        spawn(pid, read).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(std::path::Path::new(&path).exists(), "removed too early");
+        drop(write);
+        let t = Instant::now();
+        while std::path::Path::new(&path).exists() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let left = std::path::Path::new(&path).exists();
+        let _ = std::fs::remove_file(&path);
+        assert!(!left, "the janitor did not remove {path}");
+    }
+
+    #[test]
+    fn the_posix_spawn_janitor_removes_a_dead_creators_segments() {
+        removes_after_the_end(|pid, read| {
+            spawn_closing_fds(pid, read.as_raw_fd())?
+                .ok_or_else(|| std::io::Error::other("no addclosefrom_np in this C library"))
+        });
+    }
+
+    #[test]
+    fn the_fork_janitor_removes_a_dead_creators_segments() {
+        removes_after_the_end(spawn_with_fork);
     }
 }
