@@ -618,8 +618,10 @@ def run_ranks(n: int, fn: Callable[[Comm], Any], backend: str = "shm") -> List[A
 
     When ranks raise, the first exception (in time) is raised here: the same type, its message
     prefixed ``"rank R: "``, a ``rank`` attribute, the original exception as ``__cause__``, and
-    the other ranks' exceptions as notes. The first failure aborts the collectives of every
-    other rank, so none waits for its deadline. Ctrl-C raises :class:`KeyboardInterrupt` (on
+    the other ranks' exceptions as notes. A rank that dies (a crash, ``os._exit``) leads, with its
+    signal or exit code. The first failure aborts the collectives of every other rank, so none
+    waits for its deadline; on processes, ranks still running 2 s after it (busy in their own
+    code) are stopped. Ctrl-C raises :class:`KeyboardInterrupt` (on
     processes, after ending every rank)."""
     if not callable(fn):
         raise TypeError(f"fn must be callable (fn(comm)), not {type(fn).__name__}")
@@ -630,13 +632,37 @@ def run_ranks(n: int, fn: Callable[[Comm], Any], backend: str = "shm") -> List[A
     return _run_ranks_forked(n, fn)
 
 
+#: Seconds the other ranks get to end once one rank has failed; then they are stopped.
+_RANKS_GRACE_S = 2.0
+
+
+def _exit_words(status: int) -> str:
+    """A rank process's wait status in words."""
+    if _os.WIFSIGNALED(status):
+        sig = _os.WTERMSIG(status)
+        try:
+            import signal as _signal
+
+            name = _signal.Signals(sig).name
+        except (ValueError, ImportError):
+            name = f"signal {sig}"
+        return f"killed by signal {sig} ({name})"
+    return f"exited with code {_os.WEXITSTATUS(status)} without a result"
+
+
 def _run_ranks_forked(n: int, fn: Callable[[Comm], Any]) -> List[Any]:
     import pickle
+    import selectors
     import time
 
     world = _native.ShmWorld(n)
     pids: List[int] = []
     reads: List[int] = []
+    # Per rank: what it sent, when it ended (time.time()), and whether this parent stopped it.
+    payloads: Dict[int, bytes] = {}
+    ended: Dict[int, float] = {}
+    stopped: List[int] = []
+    statuses: Dict[int, int] = {}
     try:
         for r in range(n):
             rfd, wfd = _os.pipe()
@@ -648,18 +674,44 @@ def _run_ranks_forked(n: int, fn: Callable[[Comm], Any]) -> List[Any]:
             pids.append(pid)
             reads.append(rfd)
         world.watch(pids)  # after the last fork: it starts a thread
-        payloads: List[bytes] = []
+        # Every rank's pipe at once: a rank busy in its own code must not keep the others'
+        # results (and a failure) from being seen. Once one rank has failed, the others get
+        # _RANKS_GRACE_S to end (their collectives were aborted); the rest are stopped.
+        sel = selectors.DefaultSelector()
+        chunks: Dict[int, List[bytes]] = {r: [] for r in range(n)}
+        for r, fd in enumerate(reads):
+            sel.register(fd, selectors.EVENT_READ, r)
+        failed_at: Optional[float] = None
+        while sel.get_map():
+            wait = None if failed_at is None else max(0.0, failed_at + _RANKS_GRACE_S - time.monotonic())
+            events = sel.select(wait)
+            if not events and failed_at is not None and time.monotonic() >= failed_at + _RANKS_GRACE_S:
+                for key in list(sel.get_map().values()):
+                    r = key.data
+                    stopped.append(r)
+                    try:
+                        _os.kill(pids[r], 9)
+                    except OSError:
+                        pass
+                    sel.unregister(key.fd)
+                break
+            for key, _ in events:
+                r = key.data
+                b = _os.read(key.fd, 1 << 20)
+                if b:
+                    chunks[r].append(b)
+                    continue
+                sel.unregister(key.fd)
+                ended[r] = time.time()
+                payloads[r] = b"".join(chunks[r])
+                if failed_at is None and not _sent_ok(payloads[r], pickle):
+                    failed_at = time.monotonic()
+        sel.close()
         for fd in reads:
-            chunks = []
-            while True:
-                b = _os.read(fd, 1 << 20)
-                if not b:
-                    break
-                chunks.append(b)
             _os.close(fd)
-            payloads.append(b"".join(chunks))
-        for pid in pids:
-            _os.waitpid(pid, 0)
+        reads = []
+        for r, pid in enumerate(pids):
+            statuses[r] = _os.waitpid(pid, 0)[1]
         pids = []
     except BaseException:
         for pid in pids:
@@ -668,26 +720,49 @@ def _run_ranks_forked(n: int, fn: Callable[[Comm], Any]) -> List[Any]:
                 _os.waitpid(pid, 0)
             except OSError:
                 pass
+        for fd in reads:
+            try:
+                _os.close(fd)
+            except OSError:
+                pass
         raise
     finally:
         world.close()
     values: List[Any] = []
-    failures: List[Tuple[float, int, BaseException]] = []
-    for r, data in enumerate(payloads):
+    # (order, when, rank, exception): a rank that died on its own leads (the others failed
+    # because it did), then exceptions in the order they were raised, then the ranks stopped.
+    failures: List[Tuple[int, float, int, BaseException]] = []
+    for r in range(n):
+        if r in stopped:
+            failures.append((2, 0.0, r, PtoError(
+                f"rank {r} was still running {_RANKS_GRACE_S:g} s after another rank failed: stopped"
+            )))
+            continue
+        data = payloads.get(r, b"")
         try:
             kind, value, when = pickle.loads(data)
-        except Exception as e:
-            kind, value, when = "err", PtoError(f"rank {r} ended without a result ({e})"), time.time()
+        except Exception:
+            words = _exit_words(statuses.get(r, 0))
+            failures.append((0, ended.get(r, 0.0), r, PtoError(f"died: {words}")))
+            continue
         if kind == "ok":
             values.append(value)
         else:
-            failures.append((when, r, value))
+            failures.append((1, when, r, value))
     if not failures:
         return values
-    failures.sort(key=lambda f: (f[0], f[1]))
+    failures.sort(key=lambda f: (f[0], f[1], f[2]))
     from ._errors import _rank_error
 
-    raise _rank_error([(r, e) for _, r, e in failures], n)
+    raise _rank_error([(r, e) for _, _, r, e in failures], n)
+
+
+def _sent_ok(data: bytes, pickle: Any) -> bool:
+    """Whether a rank's pipe carried a result (not an exception, not nothing)."""
+    try:
+        return bool(pickle.loads(data)[0] == "ok")
+    except Exception:
+        return False
 
 
 def _text_of(e: BaseException) -> str:

@@ -184,6 +184,37 @@ def test_a_rank_that_returned_is_named_as_exited_not_dead(backend):
     assert time.monotonic() - t < 10
 
 
+def test_a_rank_busy_in_its_own_code_is_stopped_after_another_fails(monkeypatch):
+    # Rank 0 never returns; rank 1's barrier times out: run_ranks raises soon after, having
+    # stopped rank 0, instead of waiting for it forever.
+    monkeypatch.setenv("PTO_WAIT_TIMEOUT_MS", "1000")
+
+    def body(c):
+        if c.rank == 0:
+            while True:
+                time.sleep(0.05)
+        c.barrier()
+
+    t = time.monotonic()
+    with pytest.raises(pto.CommError, match="rank 1: barrier") as info:
+        pto.run_ranks(2, body)
+    assert time.monotonic() - t < 15
+    assert "rank 0 was still running" in "".join(getattr(info.value, "__notes__", []))
+
+
+def test_a_rank_that_dies_is_the_root_cause_with_its_signal():
+    def body(c):
+        if c.rank == 1:
+            import ctypes
+
+            ctypes.string_at(0)  # SIGSEGV
+        c.barrier()
+
+    with pytest.raises(pto.PtoError, match="rank 1: died: killed by signal 11") as info:
+        pto.run_ranks(3, body)
+    assert info.value.rank == 1
+
+
 def test_system_exit_on_a_rank_keeps_its_code():
     def body(c):
         if c.rank == 1:
