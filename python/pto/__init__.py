@@ -33,6 +33,7 @@ import operator as _operator  # noqa: E402
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union  # noqa: E402
 
 import numpy as np  # noqa: E402
+import weakref as _weakref  # noqa: E402
 
 from . import _native  # noqa: E402
 from ._errors import CommError, PtoError, WorkerError  # noqa: E402
@@ -209,6 +210,10 @@ def _buffer_specs(buffers: Any) -> Any:
     ]
 
 
+#: The Workers of this process not closed yet (to say why a second one cannot start).
+_OPEN_WORKERS: "_weakref.WeakSet[Any]" = _weakref.WeakSet()
+
+
 class Worker:
     """Chips (one process each), optional sub-worker processes, and a communication window.
 
@@ -264,6 +269,14 @@ class Worker:
                 check,
             )
         except WorkerError as e:
+            if "before any thread starts" in str(e) and any(
+                getattr(o, "_w", None) is not None for o in list(_OPEN_WORKERS)
+            ):
+                raise WorkerError(
+                    "another Worker is open in this process: close it (or leave its with block) "
+                    "before creating one (a Worker forks its chips before it starts its threads, "
+                    "so one is open at a time)"
+                ) from None
             if "before any thread starts" in str(e):
                 raise WorkerError(
                     f"{e}. From Python: create Workers before starting threads, and import pto "
@@ -271,6 +284,7 @@ class Worker:
                     "start threads"
                 ) from None
             raise
+        _OPEN_WORKERS.add(self)
 
     @property
     def chips(self) -> int:
@@ -322,7 +336,18 @@ class Worker:
         """Stops every child process and removes the Worker's shared memory (twice is fine)."""
         w = getattr(self, "_w", None)
         if w is not None:
-            w.close()
+            try:
+                w.close()
+            except RuntimeError as e:
+                # PyO3's borrow check: a run (this thread's orchestration, or another thread)
+                # holds the Worker.
+                if "borrow" not in str(e).lower():
+                    raise
+                raise WorkerError(
+                    "the Worker is running (Worker.run has not returned): close it after the "
+                    "run returns, not from its orchestration or while another thread runs it"
+                ) from None
+            _OPEN_WORKERS.discard(self)
 
     def __enter__(self) -> "Worker":
         return self

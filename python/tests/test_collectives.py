@@ -263,3 +263,16 @@ def test_a_rank_that_dies_is_named_by_its_peers_within_a_second():
     # The survivors return only once their allreduce failed (else: the 30 s deadline).
     assert time.monotonic() - t < 2
     assert "rank 1" in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["shm", "local"])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_and_min_keep_nans_whichever_rank_holds_them(backend, op):
+    def body(c):
+        a = np.ones(300, np.float32) * c.rank
+        a[c.rank :: 3] = np.nan
+        return c.allreduce(a, op)
+
+    got = pto.run_ranks(3, body, backend=backend)
+    # Every element is NaN on some rank: numpy's maximum/minimum keep NaNs.
+    assert all(np.isnan(r).all() for r in got)

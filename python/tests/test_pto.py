@@ -227,3 +227,20 @@ def test_type_stubs_match_the_compiled_module():
         capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_second_open_worker_and_a_close_during_its_run_are_clear_errors():
+    w = pto.Worker(chips=1)
+    try:
+        with pytest.raises(pto.WorkerError, match="another Worker is open"):
+            pto.Worker(chips=1)
+
+        def orch(h, _):
+            w.close()
+
+        with pytest.raises(pto.WorkerError, match="the Worker is running"):
+            w.run(orch)
+    finally:
+        w.close()
+    # Once closed, another can start.
+    pto.Worker(chips=1).close()

@@ -45,15 +45,19 @@ macro_rules! reducible_num {
                 match op {
                     ReduceOp::Sum => $add(a, b),
                     ReduceOp::Prod => $mul(a, b),
+                    // A NaN wins wherever it is, as numpy's maximum and minimum say (`b != b`
+                    // only for a NaN: always false for integers).
+                    #[allow(clippy::eq_op)]
                     ReduceOp::Max => {
-                        if b > a {
+                        if b > a || b != b {
                             b
                         } else {
                             a
                         }
                     }
+                    #[allow(clippy::eq_op)]
                     ReduceOp::Min => {
-                        if b < a {
+                        if b < a || b != b {
                             b
                         } else {
                             a
@@ -86,7 +90,7 @@ reducible_half!(half::f16, F16);
 reducible_half!(half::bf16, Bf16);
 
 /// `acc[i] = acc[i] op v[i]`, or `acc[i] = v[i] op acc[i]` when `v_first` (the order matters
-/// for bit-identical results: max and min of a NaN, signed zeros). The operation is chosen once
+/// for bit-identical results: which of two NaNs, signed zeros). The operation is chosen once
 /// per slice, not per element, so each loop compiles to vector code.
 #[inline]
 pub(crate) fn combine_into<T: Reducible>(acc: &mut [T], v: &[T], op: ReduceOp, v_first: bool) {
@@ -110,5 +114,28 @@ pub(crate) fn combine_into<T: Reducible>(acc: &mut [T], v: &[T], op: ReduceOp, v
         ReduceOp::Max => with!(ReduceOp::Max),
         ReduceOp::Min => with!(ReduceOp::Min),
         ReduceOp::Prod => with!(ReduceOp::Prod),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_and_min_keep_a_nan_on_either_side() {
+        for op in [ReduceOp::Max, ReduceOp::Min] {
+            assert!(f32::combine(f32::NAN, 1.0, op).is_nan(), "{op:?}");
+            assert!(f32::combine(1.0, f32::NAN, op).is_nan(), "{op:?}");
+            assert!(f64::combine(2.0, f64::NAN, op).is_nan(), "{op:?}");
+            let h = half::f16::from_f32(1.0);
+            assert!(half::f16::combine(h, half::f16::NAN, op).is_nan(), "{op:?}");
+        }
+        assert_eq!(f32::combine(1.0, 2.0, ReduceOp::Max), 2.0);
+        assert_eq!(f32::combine(1.0, 2.0, ReduceOp::Min), 1.0);
+        assert_eq!(i32::combine(-3, 7, ReduceOp::Max), 7);
+        assert_eq!(i64::combine(-3, 7, ReduceOp::Min), -3);
+        let mut acc = [1.0f32, f32::NAN, 3.0];
+        combine_into(&mut acc, &[f32::NAN, 0.0, 1.0], ReduceOp::Max, false);
+        assert!(acc[0].is_nan() && acc[1].is_nan() && acc[2] == 3.0);
     }
 }
