@@ -9,11 +9,11 @@
 //! | [`vector_add`] | AIV | t0 in, t1 in, t2 out: `t2 = t0 + t1` | |
 //! | [`vector_sub`] | AIV | t0 in, t1 in, t2 out: `t2 = t0 - t1` | |
 //! | [`vector_mul`] | AIV | t0 in, t1 in, t2 out: `t2 = t0 * t1` | |
-//! | [`vector_scale`] | AIV | t0 in, t1 out: `t1 = t0 * s0` | s0 f64 (or t0's dtype) |
-//! | [`vector_add_scalar`] | AIV | t0 in, t1 out: `t1 = t0 + s0` | s0 f64 (or t0's dtype) |
+//! | [`vector_scale`] | AIV | t0 in, t1 out: `t1 = t0 * s0` | s0 any number (t0's dtype exactly, else through f64) |
+//! | [`vector_add_scalar`] | AIV | t0 in, t1 out: `t1 = t0 + s0` | s0 any number (t0's dtype exactly, else through f64) |
 //! | [`relu`] | AIV | t0 in, t1 out: `t1 = max(t0, 0)` | |
 //! | [`copy`] | AIV | t0 in, t1 out: `t1 = t0` (any dtype) | |
-//! | [`fill`] | AIV | t0 out: every element `= s0` (any dtype) | s0 of t0's dtype |
+//! | [`fill`] | AIV | t0 out: every element `= s0` (any dtype) | s0 any number, converted to t0's dtype (a bool for bool) |
 //! | [`reduce_sum`] | AIV | t0 in, t1 out (1 element): `t1 = sum(t0)` | |
 //! | [`matmul`] | AIC | t0 in `[M,K]`, t1 in `[K,N]`, t2 out `[M,N]`: `t2 = t0 @ t1` | |
 //! | [`matmul_acc`] | AIC | as `matmul`, t2 INOUT: `t2 += t0 @ t1` | |

@@ -141,19 +141,39 @@ fn unary<T: Element>(ctx: &KernelCtx<'_>, op: impl Fn(T) -> T) -> Result<(), Ker
     Ok(())
 }
 
-/// A scalar operand: of the tensor's own dtype, or an f64.
+/// A scalar operand: of the tensor's own dtype, or another number (an f64 or an i64, as
+/// Python's floats and ints arrive) taken through f64.
 enum Operand<T> {
     Same(T),
     F64(f64),
 }
 
+/// Scalar `index` as an f64, whatever its numeric dtype.
+fn scalar_as_f64(ctx: &KernelCtx<'_>, index: usize) -> Option<f64> {
+    let s = ctx.scalars().get(index)?;
+    let (bits, d) = (s.bits(), s.dtype());
+    Some(match d {
+        DType::F64 => f64::from_bits(bits),
+        DType::F32 => f64::from(f32::from_bits(bits as u32)),
+        DType::I64 => bits as i64 as f64,
+        DType::I32 => f64::from(bits as u32 as i32),
+        DType::I16 => f64::from(bits as u16 as i16),
+        DType::I8 => f64::from(bits as u8 as i8),
+        DType::U64 => bits as f64,
+        DType::U32 => f64::from(bits as u32),
+        DType::U16 => f64::from(bits as u16),
+        DType::U8 => f64::from(bits as u8),
+        _ => return None,
+    })
+}
+
 fn operand<T: Num>(ctx: &KernelCtx<'_>, index: usize) -> Result<Operand<T>, KernelError> {
     match ctx.scalar::<T>(index) {
         Ok(v) => Ok(Operand::Same(v)),
-        Err(KernelError::ScalarType { actual, .. }) => match ctx.scalar::<f64>(index) {
-            Ok(v) => Ok(Operand::F64(v)),
-            Err(_) => Err(KernelError::msg(format!(
-                "{}: scalar {index} must be f64 or {} (the tensor's dtype), got {actual}",
+        Err(KernelError::ScalarType { actual, .. }) => match scalar_as_f64(ctx, index) {
+            Some(v) => Ok(Operand::F64(v)),
+            None => Err(KernelError::msg(format!(
+                "{}: scalar {index} must be a number (of {}, the tensor's dtype, or any other), got {actual}",
                 ctx.kernel_name(),
                 T::DTYPE
             ))),
@@ -195,6 +215,15 @@ fn copy_t<T: Element>(ctx: &KernelCtx<'_>) -> Result<(), KernelError> {
 }
 fn fill_t<T: Element>(ctx: &KernelCtx<'_>) -> Result<(), KernelError> {
     let v = ctx.scalar::<T>(0)?;
+    ctx.output_chunk::<T>(0)?.fill(v);
+    Ok(())
+}
+/// `fill` with a scalar of another numeric dtype, converted (as `numpy.full` does).
+fn fill_num_t<T: Num>(ctx: &KernelCtx<'_>) -> Result<(), KernelError> {
+    let v = match operand::<T>(ctx, 0)? {
+        Operand::Same(v) => v,
+        Operand::F64(v) => T::from_f64(v),
+    };
     ctx.output_chunk::<T>(0)?.fill(v);
     Ok(())
 }
@@ -255,7 +284,7 @@ pub fn vector_mul(ctx: &KernelCtx<'_>) -> Result<(), KernelError> {
 ///
 /// # Errors
 ///
-/// As [`vector_add`], plus a missing scalar or one that is neither f64 nor the tensors' dtype.
+/// As [`vector_add`], plus a missing scalar or one that is not a number.
 pub fn vector_scale(ctx: &KernelCtx<'_>) -> Result<(), KernelError> {
     let d = common_dtype(ctx, &[0, 1])?;
     dispatch_num!(ctx, d, scale_t)
@@ -303,14 +332,19 @@ pub fn copy(ctx: &KernelCtx<'_>) -> Result<(), KernelError> {
 
 /// `fill`: every element of `t0` becomes `s0`. AIV, SPMD-capable.
 ///
-/// Arguments: tensor 0 (written), any dtype; scalar 0 of the same dtype as tensor 0.
+/// Arguments: tensor 0 (written), any dtype; scalar 0 of the same dtype as tensor 0, or (for a
+/// numeric tensor) any number, converted to the tensor's dtype.
 ///
 /// # Errors
 ///
-/// A missing scalar or one of another dtype, or a bad argument.
+/// A missing scalar, one that is not a number (or not a bool for a bool tensor), or a bad
+/// argument.
 pub fn fill(ctx: &KernelCtx<'_>) -> Result<(), KernelError> {
     let d = ctx.tensor(0)?.dtype();
-    dispatch_any!(ctx, d, fill_t)
+    match d {
+        DType::Bool => dispatch_any!(ctx, d, fill_t),
+        _ => dispatch_num!(ctx, d, fill_num_t),
+    }
 }
 
 /// `reduce_sum`: `t1 = sum(t0)`. AIV, single block.

@@ -746,10 +746,10 @@ fn bad_arguments_fail_the_task() {
         TaskArgs::new()
             .input(f(&[4]))
             .output_existing(f(&[4]))
-            .scalar(2i32),
+            .scalar(pto_core::Bool(1)),
     );
     assert!(
-        msg.contains("must be f64 or f32") && msg.contains("got i32"),
+        msg.contains("must be a number") && msg.contains("got bool"),
         "{msg}"
     );
 
@@ -761,12 +761,11 @@ fn bad_arguments_fail_the_task() {
 
     let msg = run_err(
         "fill",
-        TaskArgs::new().output_existing(f(&[4])).scalar(1.0f64),
+        TaskArgs::new()
+            .output_existing(f(&[4]))
+            .scalar(pto_core::Bool(1)),
     );
-    assert!(
-        msg.contains("scalar argument 0 is f64, read as f32"),
-        "{msg}"
-    );
+    assert!(msg.contains("must be a number"), "{msg}");
 
     let msg = run_err(
         "copy",
@@ -848,4 +847,30 @@ fn bad_arguments_fail_the_task() {
     let out = f(&[1]);
     run("fill", TaskArgs::new().output_existing(&out).scalar(3.0f32)).unwrap();
     assert_eq!(out.read::<f32>().unwrap(), vec![3.0]);
+}
+
+#[test]
+fn scalars_of_another_numeric_dtype_are_converted() {
+    // As Python's ints and floats arrive (i64, f64), on tensors of other dtypes.
+    let t = Tensor::zeros(&[4], DType::F32).unwrap();
+    run("fill", TaskArgs::new().output_existing(&t).scalar(7i64)).unwrap();
+    assert_eq!(t.read::<f32>().unwrap(), vec![7.0; 4]);
+    let u = Tensor::zeros(&[3], DType::U8).unwrap();
+    run("fill", TaskArgs::new().output_existing(&u).scalar(7.0f64)).unwrap();
+    assert_eq!(u.read::<u8>().unwrap(), vec![7; 3]);
+    let out = Tensor::zeros(&[4], DType::F32).unwrap();
+    run(
+        "vector_scale",
+        TaskArgs::new().input(&t).output_existing(&out).scalar(2i32),
+    )
+    .unwrap();
+    assert_eq!(out.read::<f32>().unwrap(), vec![14.0; 4]);
+    let i = Tensor::from_slice(&[2], &[5i32, -3]).unwrap();
+    let o = Tensor::zeros(&[2], DType::I32).unwrap();
+    run(
+        "vector_add_scalar",
+        TaskArgs::new().input(&i).output_existing(&o).scalar(10i64),
+    )
+    .unwrap();
+    assert_eq!(o.read::<i32>().unwrap(), vec![15, 7]);
 }
