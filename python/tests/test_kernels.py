@@ -72,6 +72,31 @@ def test_python_kernels_put_notify_wait_and_read_windows():
         assert np.array_equal(out, np.repeat(10.0 * np.array([[2], [0], [1]], dtype=np.float32), 4, axis=1))
 
 
+@pto.kernel
+def ring_of_lists(ctx, out):
+    # A list of Python floats (float64 to numpy) lands in the float32 buffer as float32.
+    r, n = ctx.rank, ctx.size
+    ctx.put((r + 1) % n, "inbox", 0, [float(r), 1.5, 2.5, 3.5])
+    ctx.notify((r + 1) % n, "flag", 0, 1)
+    ctx.wait_until("flag", 0, 1)
+    out[:] = ctx.window("inbox")
+    for bad, kind in (([0.0], TypeError), (np.zeros(4, np.float64), ValueError)):
+        try:
+            ctx.get(r, "inbox", 0, bad)
+        except kind:
+            pass
+        else:
+            raise AssertionError(f"get into {bad!r} was not refused")
+
+
+def test_put_converts_to_the_buffers_dtype_and_get_refuses_another():
+    buffers = [("inbox", "float32", 4), ("flag", "uint32", 1)]
+    with pto.Worker(chips=2, cores=(1, 2), buffers=buffers, kernels=[ring_of_lists]) as w:
+        out = w.buffer((2, 4))
+        w.run(lambda h, _: [h.submit_chip(c, "ring_of_lists", [pto.OUT(out[c])]) for c in range(2)])
+        assert out.tolist() == [[1.0, 1.5, 2.5, 3.5], [0.0, 1.5, 2.5, 3.5]]
+
+
 def test_an_exception_fails_its_task_with_the_traceback_and_the_worker_stays_usable():
     with pto.Worker(chips=1, cores=(1, 2), kernels=[explode, affine, writes_input]) as w:
         x, y, z = w.buffer(4), w.buffer(4), w.buffer(4)

@@ -192,9 +192,15 @@ impl KernelContext {
     ) -> PyResult<()> {
         let w = self.win()?;
         let r = rank_arg(w, rank)?;
+        // In the buffer's dtype (a list of Python floats is not float64 bytes in a float32
+        // buffer); what does not convert is numpy's ValueError or TypeError.
+        let typestr = view_typestr(w.buffer(buffer).map_err(comm_err)?.dtype)?;
+        let kw = pyo3::types::PyDict::new(py);
+        kw.set_item("dtype", typestr)?;
         let data: Vec<u8> = py
             .import("numpy")?
-            .call_method1("ascontiguousarray", (array,))?
+            .getattr("ascontiguousarray")?
+            .call((array,), Some(&kw))?
             .call_method0("tobytes")?
             .extract()?;
         let off = w
@@ -219,8 +225,25 @@ impl KernelContext {
     ) -> PyResult<()> {
         let w = self.win()?;
         let r = rank_arg(w, rank)?;
+        let np = py.import("numpy")?;
+        if !out.is_instance(&np.getattr("ndarray")?)? {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "get: out must be a numpy array, not {}",
+                out.get_type().name()?
+            )));
+        }
         if !out.getattr("flags")?.getattr("writeable")?.is_truthy()? {
             return Err(PyValueError::new_err("get: out is a read-only array"));
+        }
+        let want = np
+            .getattr("dtype")?
+            .call1((view_typestr(w.buffer(buffer).map_err(comm_err)?.dtype)?,))?;
+        if !out.getattr("dtype")?.eq(&want)? {
+            return Err(PyValueError::new_err(format!(
+                "get: out is {}, buffer {buffer:?} holds {} (give out the buffer's dtype)",
+                out.getattr("dtype")?.str()?,
+                want.str()?
+            )));
         }
         let n: u64 = out.getattr("nbytes")?.extract()?;
         let off = w
@@ -228,7 +251,6 @@ impl KernelContext {
             .map_err(comm_err)?;
         let mut data = vec![0u8; n as usize];
         w.get(r, off, &mut data).map_err(comm_err)?;
-        let np = py.import("numpy")?;
         let flat = np
             .call_method1(
                 "frombuffer",
