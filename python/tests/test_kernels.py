@@ -6,6 +6,7 @@ loaded plugin joins every later Worker of its process)."""
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pto  # first: the Worker forks, numpy's BLAS must stay single-threaded
@@ -278,3 +279,22 @@ def test_check_true_records_a_window_view_as_a_write_of_the_whole_buffer_by_its_
         assert "rank 0 writes `box[0..16)` (window view in task" in race, race
         assert "rank 1 reads `box[0..16)` of rank 0 (get in task" in race, race
         assert "`view_then_get`" in race, race
+
+
+@pto.kernel
+def waits_for_nobody(ctx, x, y):
+    if ctx.rank == 0:
+        ctx.wait_until("sig", 0, 1)  # nobody notifies it
+
+
+def test_the_workers_timeout_is_its_chips_waits_deadline():
+    buffers = [("sig", "uint32", 1)]
+    with pto.Worker(chips=2, buffers=buffers, kernels=[waits_for_nobody], timeout=1) as w:
+        x, y = w.buffer((2, 4)), w.buffer((2, 4))
+        t = time.monotonic()
+        with pytest.raises(pto.WorkerError, match="wait on signal") as info:
+            w.run(lambda h, _: h.submit_group([0, 1], "waits_for_nobody", [pto.IN(x), pto.OUT(y)]))
+        # The chip's own wait failed, naming what it waited on; not the host's backstop.
+        assert time.monotonic() - t < 10
+        assert "stopped answering" not in str(info.value)
+        w.run(lambda h, _: h.submit_chip(0, "copy", [pto.IN(x[0]), pto.OUT(y[0])]))

@@ -63,7 +63,9 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
     pto_shm::cleanup::install();
     let t0 = Instant::now();
     let world = if spec.comm {
-        Some(ShmWorld::create(spec.chips)?)
+        // The Worker's timeout is its chips' too: a chip's wait fails (naming what it waited
+        // on) before the host's backstop on its reply.
+        Some(ShmWorld::create_with_timeout(spec.chips, spec.timeout)?)
     } else {
         None
     };

@@ -90,7 +90,17 @@ impl ShmWorld {
     ///
     /// A bad size or an OS error.
     pub fn create(n: usize) -> Result<ShmWorld, CommError> {
-        let timeout = env_timeout()?;
+        ShmWorld::create_with_timeout(n, env_timeout()?)
+    }
+
+    /// Creates the world segment for `n` ranks whose waits (barriers, signals, collectives,
+    /// joins) last at most `timeout` instead of `PTO_WAIT_TIMEOUT_MS`: a Worker's own timeout
+    /// reaches its chips' waits this way.
+    ///
+    /// # Errors
+    ///
+    /// A bad size or an OS error.
+    pub fn create_with_timeout(n: usize, timeout: Duration) -> Result<ShmWorld, CommError> {
         Ok(ShmWorld {
             world: Arc::new(create_world(n, Transport::Shm, 0, timeout)?),
             children: Vec::new(),
