@@ -23,6 +23,7 @@ numpy, or set ``OPENBLAS_NUM_THREADS=1``, so that numpy's BLAS stays single-thre
 from __future__ import annotations
 
 import os as _os
+import sys as _sys
 
 # numpy's BLAS starts worker threads when it is imported; a process with threads cannot fork
 # the Worker's children safely, so ask it for one thread unless the user chose otherwise.
@@ -155,7 +156,10 @@ def load_plugin(path: Union[str, "_os.PathLike[str]"]) -> Dict[str, Any]:
     Raises :class:`PtoError` naming the file and the cause when it cannot be loaded."""
     if not isinstance(path, (str, bytes, _os.PathLike)):
         raise TypeError(f"load_plugin: path must be a path, not {type(path).__name__}")
-    return _native.load_plugin(_os.fsdecode(path))
+    text = _os.fsdecode(path)
+    if not text or "\0" in text:
+        raise ValueError(f"load_plugin: path {text!r} is empty or holds a NUL byte")
+    return _native.load_plugin(text)
 
 
 def _kernel_specs(kernels: Any) -> Any:
@@ -191,10 +195,16 @@ def _dtype_name(d: Any, what: str = "dtype") -> Any:
                 f"{what}: {d!r} is ambiguous: numpy reads it as {numpy_reads}, pto as "
                 f"{pto_reads}; write {pto_reads!r} or {numpy_reads!r}"
             )
+    if d is None:
+        # numpy reads None as float64; pto's default is float32: say which.
+        raise TypeError(f"{what}: None is not a dtype (pto's default is 'float32')")
     try:
-        return np.dtype(d).name
+        dt = np.dtype(d)
     except (TypeError, ValueError):
         return d
+    if dt.byteorder not in ("=", "|") and dt.byteorder != ("<" if _sys.byteorder == "little" else ">"):
+        raise ValueError(f"{what}: {d!r} is not in this machine's byte order ({_sys.byteorder}-endian)")
+    return dt.name
 
 
 def _buffer_specs(buffers: Any) -> Any:
@@ -455,16 +465,31 @@ class Comm:
         arguments): a buffer ``name`` of ``shape`` and ``dtype`` per rank, zeroed, plus
         ``signals`` u32 signal words. Returns after every rank's window exists. See
         :class:`Window` for what it offers."""
-        shape_t = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape_t):
+        if not isinstance(name, str):
+            raise TypeError(f"comm.window: name must be a str, not {type(name).__name__}")
+        if not name or name == _SIGNALS:
+            raise ValueError(f"comm.window: name must be a non-empty str other than {_SIGNALS!r}, not {name!r}")
+        def is_int(d: Any) -> bool:
+            return isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_))
+
+        if is_int(shape):
+            shape_t: Tuple[Any, ...] = (shape,)
+        elif isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+            raise TypeError(f"comm.window: shape must be an int or a sequence of ints, not {type(shape).__name__}")
+        else:
+            shape_t = tuple(shape)
+        if any(not is_int(d) for d in shape_t):
+            raise TypeError(f"comm.window: shape must be integers, not {shape!r}")
+        if any(d < 0 for d in shape_t):
             raise ValueError(f"comm.window: shape must be non-negative integers, not {shape!r}")
+        shape_t = tuple(int(d) for d in shape_t)
         count = int(np.prod(shape_t, dtype=np.int64)) if shape_t else 1
         if count == 0:
             raise ValueError(f"comm.window: buffer {name!r} of shape {shape_t} has no elements")
-        if not isinstance(signals, (int, np.integer)) or signals < 0:
-            raise ValueError(f"comm.window: signals must be an integer >= 0, not {signals!r}")
-        if not isinstance(name, str) or not name or name == _SIGNALS:
-            raise ValueError(f"comm.window: name must be a non-empty str other than {_SIGNALS!r}, not {name!r}")
+        if not is_int(signals):
+            raise TypeError(f"comm.window: signals must be an integer, not {type(signals).__name__}")
+        if signals < 0:
+            raise ValueError(f"comm.window: signals must be >= 0, not {signals!r}")
         dname = _dtype_name(dtype, "comm.window: dtype")
         specs = [(name, dname, count)]
         if signals:
@@ -547,7 +572,9 @@ class Window:
         if out is None:
             total = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
             n = total - _index(offset, "offset") if count is None else _index(count, "count")
-            out = np.empty(max(n, 0), dtype=self.dtype)
+            if n < 0:
+                raise ValueError(f"window.get: count {n} is negative")
+            out = np.empty(n, dtype=self.dtype)
         else:
             _check_array(out, "window.get: out", writable=True)
             if out.dtype != self.dtype or not out.flags.c_contiguous:
@@ -560,12 +587,12 @@ class Window:
         rank ``rank``, after every put of this rank before it is visible there."""
         if op not in ("add", "set"):
             raise ValueError(f'window.notify: op must be "add" or "set", not {op!r}')
-        self._w.notify(rank, _SIGNALS, self._signal_offset(signal), value, op == "add")
+        self._w.notify(rank, _SIGNALS, self._signal_offset(signal), _u32(value, "window.notify: value"), op == "add")
 
     def wait_until(self, signal: int, value: int) -> int:
         """Waits until this rank's signal ``signal`` reaches ``value`` (``>=``, as a wrapping
         u32 difference); returns the value seen. Puts notified before it are visible."""
-        return self._w.wait_until(_SIGNALS, self._signal_offset(signal), value)
+        return self._w.wait_until(_SIGNALS, self._signal_offset(signal), _u32(value, "window.wait_until: value"))
 
     def signal(self, signal: int = 0, rank: Optional[int] = None) -> int:
         """The current value of signal ``signal`` of rank ``rank`` (this rank by default)."""
@@ -580,7 +607,11 @@ class Window:
         self._w.barrier()
 
     def _byte_offset(self, offset: int) -> int:
-        return _index(offset, "offset") * self.dtype.itemsize
+        i = _index(offset, "offset")
+        total = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        if not 0 <= i <= total:
+            raise ValueError(f"window: offset {i} out of range: the window holds {total} element(s)")
+        return i * self.dtype.itemsize
 
     def _signal_offset(self, signal: int) -> int:
         i = _index(signal, "signal")
@@ -597,6 +628,17 @@ def _index(v: Any, what: str) -> int:
         return _operator.index(v)
     except TypeError:
         raise TypeError(f"window: {what} must be an integer, not {type(v).__name__}") from None
+
+
+def _u32(v: Any, what: str) -> int:
+    """A signal value: an integer from 0 to 2**32 - 1."""
+    try:
+        i = _operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, not {type(v).__name__}") from None
+    if not 0 <= i < 1 << 32:
+        raise ValueError(f"{what} {i} out of range: signals hold 0 to 4294967295")
+    return i
 
 
 def _bytes_of(a: np.ndarray) -> np.ndarray:

@@ -149,8 +149,15 @@ def test_buffer_shapes_and_dtypes_that_are_fine(worker):
 
 def test_a_buffer_beyond_dev_shm_is_a_worker_error(worker):
     with pytest.raises(pto.WorkerError) as info:
-        worker.buffer(2**44)  # 64 TiB of float32: accepted by the checks, refused by /dev/shm
+        # 64 TiB of float32 (each dimension below 2**32): accepted by the checks, refused by
+        # /dev/shm.
+        worker.buffer((2**22, 2**22))
     _no_panic(info)
+
+
+def test_one_dimension_beyond_32_bits_is_a_value_error(worker):
+    with pytest.raises(ValueError, match=r"shape\[0\] must be an int from 1 to 4294967295"):
+        worker.buffer(2**32)
 
 
 # --- submissions ----------------------------------------------------------------------------------

@@ -276,3 +276,35 @@ def test_max_and_min_keep_nans_whichever_rank_holds_them(backend, op):
     got = pto.run_ranks(3, body, backend=backend)
     # Every element is NaN on some rank: numpy's maximum/minimum keep NaNs.
     assert all(np.isnan(r).all() for r in got)
+
+
+def test_window_arguments_of_the_wrong_kind_or_range_are_named():
+    def body(c):
+        errors = []
+        for call in (
+            lambda: c.window("a", 2.5),
+            lambda: c.window("a", True),
+            lambda: c.window(5, 4),
+            lambda: c.window("a", 4, signals=1.5),
+        ):
+            try:
+                call()
+            except TypeError as e:
+                errors.append(str(e))
+        w = c.window("w", 4)
+        for call in (
+            lambda: w.notify(0, value=-1),
+            lambda: w.notify(0, value=2**40, op="set"),
+            lambda: w.get(0, count=-1),
+            lambda: w.put(0, np.ones(1, np.float32), offset=2**62),
+        ):
+            try:
+                call()
+            except ValueError as e:
+                errors.append(str(e))
+        return errors
+
+    got = pto.run_ranks(1, body, backend="local")[0]
+    assert len(got) == 8, got
+    assert any("shape" in e for e in got[:2]) and "name" in got[2] and "signals" in got[3]
+    assert "value -1 out of range" in got[4] and "count -1" in got[6] and "offset" in got[7]

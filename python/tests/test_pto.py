@@ -244,3 +244,16 @@ def test_a_second_open_worker_and_a_close_during_its_run_are_clear_errors():
         w.close()
     # Once closed, another can start.
     pto.Worker(chips=1).close()
+
+
+def test_a_sub_worker_gets_its_inputs_read_only():
+    def sub(a, out):
+        try:
+            a[0] = 1.0
+        except ValueError:
+            out[0] = 1  # numpy refused the write
+
+    with pto.Worker(chips=1, sub_workers=1, subs={"sub": sub}) as w:
+        a, out = w.buffer(4), w.buffer(1, "int32")
+        w.run(lambda h, _: h.submit_sub("sub", [pto.IN(a), pto.OUT(out)]))
+        assert out[0] == 1 and a[0] == 0.0

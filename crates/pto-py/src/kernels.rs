@@ -134,6 +134,15 @@ pub(crate) fn u64_arg(v: i64, what: &str) -> PyResult<u64> {
         .map_err(|_| PyValueError::new_err(format!("{what} must be at least 0, not {v}")))
 }
 
+/// A signal value: 0 to 2**32 - 1, named in the error otherwise.
+pub(crate) fn u32_arg(v: i64, what: &str) -> PyResult<u32> {
+    u32::try_from(v).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{what} {v} out of range: signals hold 0 to 4294967295"
+        ))
+    })
+}
+
 pub(crate) fn rank_arg(w: &Window, rank: i64) -> PyResult<usize> {
     usize::try_from(rank)
         .ok()
@@ -262,7 +271,8 @@ impl KernelContext {
 
     /// Adds `value` to the u32 signal at `offset_bytes` of rank `rank`'s buffer `buffer`,
     /// after every put before it is visible there.
-    fn notify(&self, rank: i64, buffer: &str, offset_bytes: i64, value: u32) -> PyResult<()> {
+    fn notify(&self, rank: i64, buffer: &str, offset_bytes: i64, value: i64) -> PyResult<()> {
+        let value = u32_arg(value, "notify: value")?;
         let w = self.win()?;
         let r = rank_arg(w, rank)?;
         let off = w
@@ -279,8 +289,9 @@ impl KernelContext {
         py: Python<'_>,
         buffer: &str,
         offset_bytes: i64,
-        value: u32,
+        value: i64,
     ) -> PyResult<()> {
+        let value = u32_arg(value, "wait_until: value")?;
         let w = self.win()?;
         let off = w
             .buffer_range(buffer, u64_arg(offset_bytes, "offset_bytes")?, 4)

@@ -58,8 +58,13 @@ pub(crate) fn sub_fn(
         Python::attach(|py| {
             let run = || -> PyResult<()> {
                 let mut items: Vec<Bound<'_, PyAny>> = Vec::new();
-                for (t, _) in &call.tensors {
-                    items.push(array_of(py, t)?);
+                for (t, mode) in &call.tensors {
+                    let a = array_of(py, t)?;
+                    // An input is read-only, as in a Python kernel: numpy refuses a write.
+                    if !mode.writable() {
+                        a.getattr("flags")?.setattr("writeable", false)?;
+                    }
+                    items.push(a);
                 }
                 for s in &call.scalars {
                     let v = match s.dtype() {

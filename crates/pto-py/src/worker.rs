@@ -404,7 +404,14 @@ impl Worker {
         let mut shape = Vec::with_capacity(dims.len());
         let mut elems = 1usize;
         for (i, v) in dims.iter().enumerate() {
-            let n = usize_in(v, &format!("Worker.buffer: shape[{i}]"), 1, max)?;
+            // One dimension holds at most MAX_DIM_LEN elements (32-bit regions), the whole
+            // buffer at most MAX_BYTES.
+            let n = usize_in(
+                v,
+                &format!("Worker.buffer: shape[{i}]"),
+                1,
+                max.min(pto_core::MAX_DIM_LEN),
+            )?;
             elems = elems.saturating_mul(n);
             shape.push(n);
         }
@@ -461,6 +468,12 @@ impl Worker {
                 return Err(PyValueError::new_err(format!(
                     "trace: {} is not in an existing directory",
                     path.display()
+                )));
+            }
+            if path.as_os_str().is_empty() || path.is_dir() {
+                return Err(PyValueError::new_err(format!(
+                    "trace: {:?} is not a file path (a directory, or empty): name the file to write",
+                    path.display().to_string()
                 )));
             }
         }
