@@ -564,7 +564,9 @@ class Window:
         ``offset``; visible there once a :meth:`notify` after it is seen (or after
         :meth:`quiet` and a barrier)."""
         src = np.ascontiguousarray(a, dtype=self.dtype)
-        self._w.put(rank, self.name, self._byte_offset(offset), _bytes_of(src))
+        at = self._byte_offset(offset)
+        self._fits("window.put", offset, src.size)
+        self._w.put(rank, self.name, at, _bytes_of(src))
 
     def get(self, rank: int, out: Optional[np.ndarray] = None, offset: int = 0, count: Optional[int] = None) -> np.ndarray:
         """Copies ``count`` elements (default: to the end) of rank ``rank``'s buffer from element
@@ -579,8 +581,18 @@ class Window:
             _check_array(out, "window.get: out", writable=True)
             if out.dtype != self.dtype or not out.flags.c_contiguous:
                 raise ValueError(f"window.get: out must be a C-contiguous {self.dtype} array, not {out.dtype}")
-        self._w.get(rank, self.name, self._byte_offset(offset), _bytes_of(out))
+        at = self._byte_offset(offset)
+        self._fits("window.get", offset, out.size)
+        self._w.get(rank, self.name, at, _bytes_of(out))
         return out
+
+    def _fits(self, what: str, offset: int, n: int) -> None:
+        total = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        if _operator.index(offset) + n > total:
+            raise ValueError(
+                f"{what}: {n} element(s) at offset {offset} do not fit buffer {self.name!r} of "
+                f"{total} element(s)"
+            )
 
     def notify(self, rank: int, signal: int = 0, value: int = 1, op: str = "add") -> None:
         """Adds ``value`` to (``op="add"``) or stores it into (``op="set"``) signal ``signal`` of
