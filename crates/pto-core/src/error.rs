@@ -168,13 +168,18 @@ pub enum RunError {
     /// A bad chip configuration.
     #[error("invalid chip configuration: {0}")]
     Config(String),
+    /// The machine refused what the chip needs (a thread: the process's or the system's limit).
+    #[error("the machine refused the chip {0}")]
+    Resources(String),
 }
 
 impl RunError {
-    /// The kind of failure: a bad chip configuration is the caller's; the rest is the run's.
+    /// The kind of failure: a bad chip configuration is the caller's, a refusal of the
+    /// machine's the environment's; the rest is the run's.
     pub fn fault(&self) -> pto_shm::Fault {
         match self {
             RunError::Config(_) => pto_shm::Fault::Usage,
+            RunError::Resources(_) => pto_shm::Fault::Environment,
             _ => pto_shm::Fault::Runtime,
         }
     }

@@ -320,7 +320,11 @@ impl ChipBuilder {
                     Some(w) => w(Box::new(move || worker::main(&e, i))),
                     None => worker::main(&e, i),
                 })
-                .map_err(|e| RunError::Config(format!("cannot start a chip thread: {e}")))?;
+                .map_err(|e| {
+                    RunError::Resources(format!(
+                        "a thread: {e} (fewer cores or threads, or a higher ulimit -u)"
+                    ))
+                })?;
             handles.push(h);
         }
         Ok(Chip {
