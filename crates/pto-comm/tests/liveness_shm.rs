@@ -228,6 +228,9 @@ fn rank_entry() {
     };
     if mode == "leak_world" {
         let w = ShmWorld::create(2).unwrap();
+        // A launcher killed together with its janitor (a process group's SIGKILL, or no
+        // /bin/sh): end the janitor first, so that the segment stays.
+        kill_my_janitor();
         println!("WORLD {}", w.name());
         // Exit without running destructors: the segment stays, its creator dies.
         std::process::exit(0);
@@ -304,5 +307,31 @@ fn rank_entry() {
             }
         }
         other => fail(format!("unknown mode {other}")),
+    }
+}
+
+/// Kills this process's segment janitor (its child `/bin/sh ... pto-janitor <pid>`) and waits
+/// until it is gone.
+fn kill_my_janitor() {
+    let me = std::process::id().to_string();
+    let t = std::time::Instant::now();
+    loop {
+        let mut found = false;
+        for e in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+            let pid = e.file_name().to_string_lossy().into_owned();
+            let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+            if args.iter().any(|a| *a == b"pto-janitor") && args.iter().any(|a| *a == me.as_bytes())
+            {
+                found = true;
+                let _ = Command::new("kill").args(["-9", &pid]).status();
+            }
+        }
+        if !found || t.elapsed() > Duration::from_secs(10) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
