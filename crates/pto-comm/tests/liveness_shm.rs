@@ -323,8 +323,7 @@ fn kill_my_janitor() {
                 continue;
             };
             let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-            if args.iter().any(|a| *a == b"pto-janitor") && args.iter().any(|a| *a == me.as_bytes())
-            {
+            if args.contains(&&b"pto-janitor"[..]) && args.contains(&me.as_bytes()) {
                 found = true;
                 let _ = Command::new("kill").args(["-9", &pid]).status();
             }
