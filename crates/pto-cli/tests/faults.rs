@@ -127,6 +127,25 @@ fn signal(pid: u32, sig: rustix::process::Signal) {
         .unwrap();
 }
 
+/// `pto run allreduce_distributed --ranks 3 --size SIZE` plus `extra`, once its 3 chips are
+/// up: the child, when it started, its pid and its chips' pids.
+fn allreduce_run(size: &str, extra: &[&str]) -> (Child, Instant, u32, Vec<u32>) {
+    let t = Instant::now();
+    let mut args = vec![
+        "run",
+        "allreduce_distributed",
+        "--ranks",
+        "3",
+        "--size",
+        size,
+    ];
+    args.extend_from_slice(extra);
+    let child = spawn(&args, &[]);
+    let parent = child.id();
+    let kids = wait_children(parent, 3);
+    (child, t, parent, kids)
+}
+
 /// Waits until `pid` has `n` children (a Worker forked its chips), at most 10 s.
 fn wait_children(pid: u32, n: usize) -> Vec<u32> {
     let t = Instant::now();
@@ -371,20 +390,7 @@ fn a_stopped_chip_is_the_root_cause_within_the_deadline() {
 
 #[test]
 fn a_killed_chip_is_named_with_its_signal() {
-    let t = Instant::now();
-    let child = spawn(
-        &[
-            "run",
-            "allreduce_distributed",
-            "--ranks",
-            "3",
-            "--size",
-            "4000000",
-        ],
-        &[],
-    );
-    let parent = child.id();
-    let kids = wait_children(parent, 3);
+    let (child, t, parent, kids) = allreduce_run("4000000", &[]);
     std::thread::sleep(Duration::from_millis(150));
     signal(kids[2], rustix::process::Signal::KILL);
     let o = finish(child, t);
@@ -446,21 +452,7 @@ fn signals_end_every_child_remove_every_segment_and_exit_128_plus_the_signal() {
         (rustix::process::Signal::TERM, 143),
         (rustix::process::Signal::HUP, 129),
     ] {
-        let t = Instant::now();
-        let child = spawn(
-            &[
-                "run",
-                "allreduce_distributed",
-                "--ranks",
-                "3",
-                "--size",
-                "8000000",
-                "--json",
-            ],
-            &[],
-        );
-        let parent = child.id();
-        let kids = wait_children(parent, 3);
+        let (child, t, parent, kids) = allreduce_run("8000000", &["--json"]);
         std::thread::sleep(Duration::from_millis(100));
         let sent = Instant::now();
         signal(parent, sig);
@@ -489,20 +481,7 @@ fn signals_end_every_child_remove_every_segment_and_exit_128_plus_the_signal() {
 fn a_sigkilled_run_leaves_no_segment() {
     // Nothing runs in a process killed with SIGKILL: its janitor removes its segments once it
     // and its children have ended, without waiting for the next run.
-    let t = Instant::now();
-    let child = spawn(
-        &[
-            "run",
-            "allreduce_distributed",
-            "--ranks",
-            "3",
-            "--size",
-            "8000000",
-        ],
-        &[],
-    );
-    let parent = child.id();
-    let kids = wait_children(parent, 3);
+    let (child, t, parent, kids) = allreduce_run("8000000", &[]);
     std::thread::sleep(Duration::from_millis(100));
     assert!(
         !segments_of(&[parent]).is_empty(),
