@@ -77,6 +77,13 @@ RANKS_SCRIPT = textwrap.dedent(
 )
 
 
+def _sigint_default():
+    """In the child before exec: SIGINT back to its default action, so that Python installs its
+    KeyboardInterrupt handler even when these tests run where SIGINT is ignored (a background
+    job of a script, nohup)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _pto_segments(pids):
     shm = Path("/dev/shm")
     return sorted(
@@ -102,6 +109,7 @@ def _interrupt(script, group=False, wait_before=1.0):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_sigint_default,
     )
     try:
         line = p.stdout.readline()
@@ -139,7 +147,8 @@ def test_ctrl_c_interrupts_a_worker_run(group):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
 def test_sigterm_and_sighup_end_a_worker_process_its_children_and_its_segments(sig):
     p = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=_sigint_default)
     try:
         info = json.loads(p.stdout.readline())
         time.sleep(1.0)
@@ -164,7 +173,8 @@ def test_a_sigkilled_worker_process_leaves_no_segment():
     # SIGKILL runs no handler: the process's janitor removes its segments once it and its
     # children have ended.
     p = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=_sigint_default)
     try:
         info = json.loads(p.stdout.readline())
         time.sleep(0.5)
@@ -189,7 +199,8 @@ def test_the_interrupt_is_prompt():
         'print("KeyboardInterrupt at", time.monotonic(), flush=True); sys.stdout.flush()',
     )
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=_sigint_default)
     try:
         assert p.stdout.readline()
         time.sleep(1.0)
@@ -241,7 +252,8 @@ def test_a_worker_interrupted_once_is_unusable_but_closes_cleanly():
         print("closed")
         """
     )
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       preexec_fn=_sigint_default)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "interrupted"
