@@ -100,9 +100,10 @@ def _alive(pid):
         return False
 
 
-def _interrupt(script, group=False, wait_before=1.0):
-    """Starts script, waits for its JSON line, sleeps, sends SIGINT (to its process group when
-    `group`, like a terminal's Ctrl-C) and returns (info, seconds to exit, result)."""
+def _interrupt(script, group=False, wait_before=1.0, sig=signal.SIGINT, before=None):
+    """Starts script, waits for its JSON line, sleeps, calls `before(info)` if given, sends `sig`
+    (to its process group when `group`, like a terminal's Ctrl-C) and returns (info, seconds to
+    exit, returncode, stdout, stderr)."""
     p = subprocess.Popen(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
@@ -116,11 +117,13 @@ def _interrupt(script, group=False, wait_before=1.0):
         assert line, p.stderr.read()
         info = json.loads(line)
         time.sleep(wait_before)
+        if before is not None:
+            before(info)
         t = time.monotonic()
         if group:
-            os.killpg(p.pid, signal.SIGINT)
+            os.killpg(p.pid, sig)
         else:
-            os.kill(p.pid, signal.SIGINT)
+            os.kill(p.pid, sig)
         out, err = p.communicate(timeout=20)
         took = time.monotonic() - t
     finally:
@@ -146,22 +149,9 @@ def test_ctrl_c_interrupts_a_worker_run(group):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
 def test_sigterm_and_sighup_end_a_worker_process_its_children_and_its_segments(sig):
-    p = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         preexec_fn=_sigint_default)
-    try:
-        info = json.loads(p.stdout.readline())
-        time.sleep(1.0)
-        t = time.monotonic()
-        os.kill(p.pid, sig)
-        out, err = p.communicate(timeout=20)
-        took = time.monotonic() - t
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    info, took, returncode, out, err = _interrupt(WORKER_SCRIPT, sig=sig)
     # Ended by the signal (128 + signal from pto's handler, or the signal itself).
-    assert p.returncode in (128 + sig, -sig), (p.returncode, out, err)
+    assert returncode in (128 + sig, -sig), (returncode, out, err)
     assert took < 2.0, f"took {took:.2f} s to exit"
     assert len(info["children"]) == 3
     assert not [c for c in info["children"] if _alive(c)]
@@ -172,19 +162,10 @@ def test_sigterm_and_sighup_end_a_worker_process_its_children_and_its_segments(s
 def test_a_sigkilled_worker_process_leaves_no_segment():
     # SIGKILL runs no handler: the process's janitor removes its segments once it and its
     # children have ended.
-    p = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         preexec_fn=_sigint_default)
-    try:
-        info = json.loads(p.stdout.readline())
-        time.sleep(0.5)
+    def made_segments(info):
         assert _pto_segments([info["pid"]]), "no segment made"
-        os.kill(p.pid, signal.SIGKILL)
-        p.communicate(timeout=20)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+
+    info, _, _, _, _ = _interrupt(WORKER_SCRIPT, wait_before=0.5, sig=signal.SIGKILL, before=made_segments)
     everyone = [info["pid"], *info["children"]]
     t = time.monotonic()
     while _pto_segments(everyone) and time.monotonic() - t < 5.0:
