@@ -231,7 +231,9 @@ pub struct BenchArgs {
     /// Collectives: the reduction of allreduce and reduce_scatter (sum, max, min, prod).
     #[arg(long, default_value = "sum")]
     pub reduce_op: String,
-    /// Collectives: verify every rank's result and print how many elements were wrong.
+    /// Collectives: verify every rank's result, print how many elements were wrong (the `wrong`
+    /// column, and nccl-tests' closing `# Out of bounds values : N OK|FAILED` line) and exit 1
+    /// when any was.
     #[arg(long)]
     pub check: bool,
     /// Allreduce: the algorithm (auto, mesh, two-phase, ring, single-copy, tree), or `window`: the

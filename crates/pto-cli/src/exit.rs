@@ -70,6 +70,9 @@ pub fn of_fault(f: Fault) -> u8 {
 /// The exit code of an error, from the first typed error in its chain.
 pub fn code_of(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
+        if cause.is::<crate::command::coll_bench::WrongResult>() {
+            return WRONG_RESULT;
+        }
         if cause.is::<Usage>() || cause.is::<pto::config::ConfigError>() {
             return USAGE;
         }

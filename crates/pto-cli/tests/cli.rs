@@ -165,6 +165,96 @@ fn run_writes_the_task_graph_and_a_trace_with_dependency_arrows() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `pto bench <collective> --check` with rank 1 made to corrupt one element of its result
+/// (the test hook `PTO_BENCH_INJECT_WRONG`): exit code, stdout and stderr.
+fn bench_with_a_wrong_element(op: &str, backend: &str, extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec![
+        "bench",
+        op,
+        "--backend",
+        backend,
+        "--ranks",
+        "3",
+        "-b",
+        "64",
+        "-e",
+        "512",
+        "-f",
+        "8",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    let out = Command::new(env!("CARGO_BIN_EXE_pto"))
+        .args(&args)
+        .env("PTO_BENCH_INJECT_WRONG", "1")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bench_check_exits_one_on_a_wrong_element_and_zero_without_the_check() {
+    for backend in ["local", "shm"] {
+        for op in [
+            "allreduce",
+            "allgather",
+            "reduce-scatter",
+            "broadcast",
+            "all-to-all",
+        ] {
+            let (code, out, err) = bench_with_a_wrong_element(op, backend, &["--check", "--json"]);
+            assert_eq!(
+                code, 1,
+                "{op} {backend}: a wrong result exits 1\n{out}\n{err}"
+            );
+            let rows: Vec<serde_json::Value> = out
+                .lines()
+                .skip(1)
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert_eq!(rows.len(), 2, "64 and 512 bytes: {out}");
+            // One element of rank 1's result per size, counted once.
+            for r in &rows {
+                assert_eq!(r["wrong"], 1, "{op} {backend}: {r}");
+            }
+            assert!(err.contains("wrong result"), "{op} {backend}: {err}");
+        }
+        // The table ends with nccl-tests' verdict line.
+        let (code, out, err) = bench_with_a_wrong_element("allreduce", backend, &["--check"]);
+        assert_eq!(code, 1, "{out}\n{err}");
+        assert!(out.contains("# Out of bounds values : 2 FAILED"), "{out}");
+        // Unchecked, the same run has no verdict to give: it exits 0.
+        let (code, out, err) = bench_with_a_wrong_element("allreduce", backend, &[]);
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(!out.contains("Out of bounds"), "{out}");
+    }
+    // A correct checked run says OK.
+    let (code, out, err) = pto(&[
+        "bench",
+        "allgather",
+        "--backend",
+        "local",
+        "--ranks",
+        "2",
+        "-b",
+        "64",
+        "-e",
+        "64",
+        "--iters",
+        "1",
+        "--check",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
+}
+
 #[test]
 fn bench_of_every_collective_checks_every_result_and_reports_nccl_fields() {
     for backend in ["local", "shm"] {

@@ -347,3 +347,43 @@ fn a_c_plugins_ring_program_on_1_to_8_mpi_ranks() {
     assert_eq!(code, 3, "{out}\n{err}");
     assert!(out.contains("boom: value 42 is wrong"), "{out}\n{err}");
 }
+
+#[test]
+fn bench_check_under_mpi_exits_one_on_a_wrong_element() {
+    let run = |inject: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_pto"));
+        c.args([
+            "bench",
+            "allgather",
+            "--backend",
+            "mpi",
+            "--ranks",
+            "2",
+            "-b",
+            "64",
+            "-e",
+            "64",
+            "--iters",
+            "2",
+            "--check",
+            "--json",
+        ])
+        .env("PTO_WAIT_TIMEOUT_MS", "20000");
+        if inject {
+            c.env("PTO_BENCH_INJECT_WRONG", "1");
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = run(true);
+    assert_eq!(code, 1, "a wrong result exits 1:\n{out}\n{err}");
+    assert!(out.contains("\"wrong\":1"), "{out}");
+    assert!(err.contains("wrong result"), "{err}");
+    let (code, out, err) = run(false);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("\"wrong\":0"), "{out}");
+}

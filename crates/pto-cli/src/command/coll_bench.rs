@@ -227,8 +227,9 @@ fn sizes(cfg: &Config) -> Vec<usize> {
     v
 }
 
-/// Every rank runs this; rank 0 prints.
-pub fn run_rank(comm: &Comm, cfg: &Config) -> anyhow::Result<()> {
+/// Every rank runs this; rank 0 prints. With `--check`, the elements found wrong over every
+/// size and rank (the same number on every rank); 0 without it.
+pub fn run_rank(comm: &Comm, cfg: &Config) -> anyhow::Result<u64> {
     let co = Collectives::new(comm, 16 << 20)?;
     let op = reduce_op(&cfg.reduce_op)?;
     if comm.rank() == 0 {
@@ -262,6 +263,7 @@ pub fn run_rank(comm: &Comm, cfg: &Config) -> anyhow::Result<()> {
             outln!("{}", super::stats::table_header(&COLUMNS));
         }
     }
+    let mut wrong = 0u64;
     for bytes in sizes(cfg) {
         let row = match cfg.dtype.as_str() {
             "float32" | "f32" => measure::<f32>(&co, comm, cfg, op, bytes)?,
@@ -272,12 +274,54 @@ pub fn run_rank(comm: &Comm, cfg: &Config) -> anyhow::Result<()> {
             "bfloat16" | "bf16" => measure::<half::bf16>(&co, comm, cfg, op, bytes)?,
             d => bail!("--dtype {d:?}: float32, float64, int32, int64, float16 or bfloat16"),
         };
+        wrong += row.wrong.unwrap_or(0);
         if comm.rank() == 0 {
             print_row(cfg.json, &row)?;
         }
     }
+    if cfg.check && comm.rank() == 0 && !cfg.json {
+        // nccl-tests' closing line, which its users read (and grep) for the verdict.
+        outln!(
+            "# Out of bounds values : {wrong} {}",
+            if wrong == 0 { "OK" } else { "FAILED" }
+        );
+    }
     comm.barrier()?;
-    Ok(())
+    Ok(wrong)
+}
+
+/// `--check` found wrong elements: the benchmark fails with exit code 1 (a wrong result), as
+/// nccl-tests' `#wrong` column leads its users to expect.
+#[derive(Debug, thiserror::Error)]
+#[error("wrong result: {what} of {op} were wrong (the rows' `wrong` column says where)", what = match .wrong {
+    Some(w) => format!("{w} elements"),
+    None => "elements".to_string(),
+})]
+pub struct WrongResult {
+    pub op: &'static str,
+    /// How many, when the caller knows (not the parent of rank processes).
+    pub wrong: Option<u64>,
+}
+
+impl Config {
+    /// The verdict of a run whose ranks found `wrong` elements.
+    pub fn verdict(&self, wrong: u64) -> Result<(), WrongResult> {
+        if wrong == 0 {
+            return Ok(());
+        }
+        Err(WrongResult {
+            op: self.op.name(),
+            wrong: Some(wrong),
+        })
+    }
+
+    /// The verdict of rank processes, one of which exited with 1 (a wrong result).
+    pub fn wrong_in_ranks(&self) -> WrongResult {
+        WrongResult {
+            op: self.op.name(),
+            wrong: None,
+        }
+    }
 }
 
 /// What a measured allreduce calls (the window is this size's own).
@@ -394,6 +438,14 @@ fn measure<T: Elem>(
     })
 }
 
+/// `PTO_BENCH_INJECT_WRONG=R` (a test hook, not a setting): rank R corrupts one element of the
+/// result it checks, so that tests can see what a wrong collective does to the verdict.
+fn injected_wrong_rank() -> Option<usize> {
+    std::env::var("PTO_BENCH_INJECT_WRONG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
 /// One call on fresh inputs; how many elements of this rank's result are wrong.
 fn check<T: Elem>(
     co: &Collectives,
@@ -427,6 +479,19 @@ fn check<T: Elem>(
         w.barrier()?;
     } else {
         call(co, op, rop, &mut data, &mut out, run)?;
+    }
+    if let Some(r) = injected_wrong_rank() {
+        // Test hook: this rank's result gets one wrong element, to test the verdict.
+        if r == me {
+            let v = if matches!(op, Op::Allreduce | Op::Broadcast) {
+                data.first_mut()
+            } else {
+                out.first_mut()
+            };
+            if let Some(v) = v {
+                *v = T::of(v.to() + 1.0);
+            }
+        }
     }
     let bad = |got: T, want: f64| (got.to() - want).abs() > 1e-6 * want.abs().max(1.0);
     let block = count / n;

@@ -207,7 +207,16 @@ fn mpi_bench(
         run(&comm, a.json, "mpi")?;
         return Ok(ExitCode::SUCCESS);
     };
-    super::coll_bench::run_rank(&comm, cfg)?;
+    let wrong = super::coll_bench::run_rank(&comm, cfg)?;
+    if wrong > 0 {
+        // Every rank exits 1 (mpirun's code); rank 0 says why before any rank exits (mpirun
+        // ends the job at the first non-zero exit).
+        if let (0, Err(e)) = (comm.rank(), cfg.verdict(wrong)) {
+            pto_shm::eprint_line!("pto: {e}");
+        }
+        comm.barrier()?;
+        return Ok(crate::exit::code(crate::exit::WRONG_RESULT));
+    }
     if !is_allreduce {
         return Ok(ExitCode::SUCCESS);
     }
@@ -275,7 +284,10 @@ pub fn coll_rank_main() -> anyhow::Result<ExitCode> {
     let comm = pto_comm::shm::from_env()?.context("not started as a rank")?;
     let cfg: super::coll_bench::Config =
         serde_json::from_str(&std::env::var("PTO_BENCH_CFG").context("PTO_BENCH_CFG is not set")?)?;
-    super::coll_bench::run_rank(&comm, &cfg)?;
+    if super::coll_bench::run_rank(&comm, &cfg)? > 0 {
+        // The parent says it once for every rank.
+        return Ok(crate::exit::code(crate::exit::WRONG_RESULT));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -341,13 +353,19 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
         BackendArg::Local => {
             let results = pto_comm::local::run(a.ranks, |c| match &coll {
                 Some(cfg) => super::coll_bench::run_rank(&c, cfg).map_err(|e| e.to_string()),
-                None => run(&c, a.json, "local").map_err(|e| e.to_string()),
+                None => run(&c, a.json, "local")
+                    .map(|()| 0)
+                    .map_err(|e| e.to_string()),
             })?;
+            let mut wrong = 0;
             for (r, res) in results.into_iter().enumerate() {
                 match res {
-                    Ok(Ok(())) => {}
+                    Ok(Ok(w)) => wrong = wrong.max(w),
                     Ok(Err(e)) | Err(e) => bail!("rank {r}: {e}"),
                 }
+            }
+            if let Some(cfg) = &coll {
+                cfg.verdict(wrong)?;
             }
         }
         BackendArg::Shm => {
@@ -375,10 +393,16 @@ pub fn bench(a: &BenchArgs) -> anyhow::Result<ExitCode> {
                 }
                 world.spawn(r, cmd)?;
             }
+            let mut wrong = false;
             for (r, st) in world.wait(Duration::from_secs(600))? {
-                if !st.success() {
-                    bail!("rank {r} exited with {st}");
+                match (st.code(), &coll) {
+                    (Some(0), _) => {}
+                    (Some(c), Some(_)) if c == i32::from(crate::exit::WRONG_RESULT) => wrong = true,
+                    _ => bail!("rank {r} exited with {st}"),
                 }
+            }
+            if let (true, Some(cfg)) = (wrong, &coll) {
+                return Err(cfg.wrong_in_ranks().into());
             }
         }
         #[cfg(feature = "mpi")]

@@ -4,7 +4,7 @@ mod anchor;
 mod bench;
 mod check;
 mod clean;
-mod coll_bench;
+pub(crate) mod coll_bench;
 mod comm_bench;
 mod deferred_bench;
 #[cfg(feature = "mpi")]
