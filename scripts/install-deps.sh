@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the system packages pto's tests need on a fresh Debian/Ubuntu machine: Open MPI (the
 # `mpi` feature and `mpirun`), libclang and clang's headers (bindgen in mpi-sys), iproute2 (the
-# two-host MPI test creates network namespaces), and python3 with venv (the Python package's
-# tests). Does nothing when they are present. Needs root or sudo to install.
+# two-host MPI test creates network namespaces), python3 with venv (the Python package's tests)
+# and a C and C++ compiler (the plugin tests). Does nothing when they are present. Needs root or
+# sudo to install. The tests call no other program but what every Debian has (sh, mount,
+# unshare, setpriv from util-linux); they read /proc themselves rather than call procps.
 #
 #   bash scripts/install-deps.sh           check, then install what is missing
 #   bash scripts/install-deps.sh --check   only print what is missing (exit 1 if anything is)
@@ -49,7 +51,8 @@ else
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   command -v python3 >/dev/null 2>&1 || missing+=(python3)
   python3 -c "import venv, ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
-  command -v cc >/dev/null 2>&1 || missing+=(build-essential)
+  # cc and c++: the plugin tests compile C and C++ plugins.
+  { command -v cc && command -v c++; } >/dev/null 2>&1 || missing+=(build-essential)
 fi
 
 if [ "${1:-}" = "--check" ]; then

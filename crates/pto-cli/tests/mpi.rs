@@ -233,29 +233,17 @@ fn a_signal_ends_mpirun_and_every_rank(sig: rustix::process::Signal, code: i32) 
     let pid = child.id();
     // Wait until mpirun has started the ranks (three `pto` processes under it).
     let ranks = |ppid: u32| -> Vec<u32> {
-        let out = Command::new("pgrep")
-            .args(["-f", "-P", &ppid.to_string(), "pto"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
+        common::children_of(ppid)
+            .into_iter()
+            .filter(|&p| common::cmdline(p).iter().any(|a| a.contains("pto")))
             .collect()
     };
     let t = Instant::now();
     let (launcher, pids) = loop {
-        let l = Command::new("pgrep")
-            .args(["-P", &pid.to_string()])
-            .output()
-            .unwrap();
         // Not the janitor of pto's own segments, if it made any.
-        let launcher: Option<u32> = String::from_utf8_lossy(&l.stdout)
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .find(|p: &u32| {
-                !std::fs::read(format!("/proc/{p}/cmdline"))
-                    .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"pto-janitor"))
-            });
+        let launcher: Option<u32> = common::children_of(pid)
+            .into_iter()
+            .find(|&p| !common::cmdline(p).iter().any(|a| a == "pto-janitor"));
         if let Some(m) = launcher {
             let r = ranks(m);
             if r.len() >= 3 {
@@ -277,11 +265,7 @@ fn a_signal_ends_mpirun_and_every_rank(sig: rustix::process::Signal, code: i32) 
         std::thread::sleep(Duration::from_millis(10));
     };
     assert_eq!(status.code(), Some(code), "{sig:?}");
-    let alive = |p: u32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .map(|s| !s.rsplit(')').next().unwrap_or("").trim().starts_with('Z'))
-            .unwrap_or(false)
-    };
+    let alive = common::alive;
     while (alive(launcher) || pids.iter().any(|&p| alive(p)))
         && sent.elapsed() < Duration::from_secs(2)
     {

@@ -325,7 +325,9 @@ fn kill_my_janitor() {
             let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
             if args.contains(&&b"pto-janitor"[..]) && args.contains(&me.as_bytes()) {
                 found = true;
-                let _ = Command::new("kill").args(["-9", &pid]).status();
+                if let Some(p) = pid.parse().ok().and_then(rustix::process::Pid::from_raw) {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                }
             }
         }
         if !found || t.elapsed() > Duration::from_secs(10) {

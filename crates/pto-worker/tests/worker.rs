@@ -792,7 +792,10 @@ fn sigterm_to_a_worker_process_ends_its_children_and_removes_its_segments() -> R
             .map(|s| !s.rsplit(')').next().unwrap_or("").trim().starts_with('Z'))
             .unwrap_or(false)
     };
-    std::thread::sleep(Duration::from_millis(50));
+    // Within the 2 s promised for the whole exit.
+    while pids.iter().any(|&p| alive(p)) && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
     assert!(left.is_empty(), "children still alive: {left:?}");
     pids.push(parent.id());

@@ -136,3 +136,47 @@ pub fn build_plugin(src: &str, defines: &[&str]) -> BuiltPlugin {
     );
     BuiltPlugin { path, dir }
 }
+
+/// The pids whose parent is `ppid`, read from `/proc` (as `pgrep -P` would, without needing
+/// procps, which minimal machines lack).
+pub fn children_of(ppid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| parent_of(p) == Some(ppid))
+        .collect()
+}
+
+/// The parent pid of `pid` (`/proc/PID/stat`'s fourth field; the command name before it is
+/// in parentheses and may hold spaces), or `None` when it has ended.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// `pid`'s command line, its arguments split (empty when it has ended).
+pub fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            c.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `pid` runs (a zombie has ended).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next().map(|r| r.trim().to_string()))
+        .is_some_and(|r| !r.starts_with('Z'))
+}
