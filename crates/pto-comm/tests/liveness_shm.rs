@@ -302,8 +302,12 @@ fn rank_entry() {
             w.notify(me, 0, 1, SignalOp::Add).unwrap();
         }
         "stress" => {
-            if let Err(m) = pto_comm::conformance::stress_barrier(&comm, 100_000) {
-                fail(m);
+            // 100 000 rounds take 1-6 s on an idle machine; a loaded one gets 20 s of them.
+            match pto_comm::conformance::stress_barrier(&comm, 100_000, Duration::from_secs(20)) {
+                Err(m) => fail(m),
+                // Under 1 000 rounds in 20 s is over 20 ms a barrier: something is wrong.
+                Ok(done) if done < 1_000 => fail(format!("only {done} barrier rounds in 20 s")),
+                Ok(done) => eprintln!("rank {me}: {done} barrier rounds"),
             }
         }
         other => fail(format!("unknown mode {other}")),
