@@ -78,13 +78,26 @@ mod tests {
     fn back_to_back_rounds_with_a_per_phase_check() {
         const N: u32 = 4;
         const ROUNDS: u32 = 5000;
+        // 5 000 rounds take 0.1 s idle, but each waits for the scheduler to wake the parked
+        // threads: beside a CPU hog on each CPU a round took up to 3 ms. After 10 s thread 0
+        // publishes a last round two ahead, before its next wait; every thread reads it after
+        // its waits, so all stop at the same round.
         let b = Arc::new(Barrier::new());
         let seen = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let last = Arc::new(std::sync::atomic::AtomicU32::new(ROUNDS));
+        let started = Instant::now();
         let hs: Vec<_> = (0..N)
-            .map(|_| {
-                let (b, seen) = (b.clone(), seen.clone());
+            .map(|t| {
+                let (b, seen, last) = (b.clone(), seen.clone(), last.clone());
                 std::thread::spawn(move || {
-                    for r in 0..ROUNDS {
+                    let mut r = 0;
+                    while r < last.load(Ordering::SeqCst) {
+                        if t == 0
+                            && started.elapsed() > Duration::from_secs(10)
+                            && last.load(Ordering::SeqCst) == ROUNDS
+                        {
+                            last.store((r + 2).min(ROUNDS), Ordering::SeqCst);
+                        }
                         seen.fetch_add(1, Ordering::SeqCst);
                         let deadline = Instant::now() + Duration::from_secs(20);
                         b.wait(N, deadline, || Ok::<(), ()>(())).unwrap();
@@ -93,14 +106,16 @@ mod tests {
                         assert!(seen.load(Ordering::SeqCst) >= (r + 1) * N);
                         b.wait(N, deadline, || Ok::<(), ()>(())).unwrap();
                         assert!(seen.load(Ordering::SeqCst) <= (r + 1) * N + N);
+                        r += 1;
                     }
+                    r
                 })
             })
             .collect();
-        for h in hs {
-            h.join().unwrap();
-        }
-        assert_eq!(b.phase(), 2 * ROUNDS);
+        let rounds: Vec<u32> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(rounds.iter().all(|&r| r == rounds[0]), "{rounds:?}");
+        assert!(rounds[0] >= 500, "only {} rounds in 10 s", rounds[0]);
+        assert_eq!(b.phase(), 2 * rounds[0]);
     }
 
     #[test]

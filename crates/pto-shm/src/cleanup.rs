@@ -51,6 +51,10 @@ const WORDS_DONE: u32 = 3;
 /// Segment creations under way in this process (see [`Creating`]).
 static CREATING: AtomicU32 = AtomicU32::new(0);
 
+/// Spawns under way in this process, between `fork` and the child's registration (see
+/// [`spawn_registered`]).
+static SPAWNING: AtomicU32 = AtomicU32::new(0);
+
 /// True once this process is being ended by a signal or [`terminate`]: a supervisor thread
 /// seeing its children die should not report that as a failure of theirs.
 pub fn terminating() -> bool {
@@ -111,6 +115,86 @@ pub fn register_child(pid: u32) -> bool {
 /// sends it `SIGTERM`, then `SIGKILL`.
 pub fn register_group(pgid: u32) -> bool {
     add(pgid, true)
+}
+
+/// Spawns `cmd` and registers the child ([`register_child`], or [`register_group`] when `group`:
+/// the command must then start its own process group) with no moment in between where a signal
+/// ending this process would miss it.
+///
+/// Between `spawn` returning and a plain `register_*` call the child already runs (under load
+/// it can start children of its own in that gap), and a signal handled then would leave it
+/// behind. Here the three signals are blocked in the calling thread for the spawn and the
+/// registration, so a signal aimed at this thread waits until the child is registered, and a
+/// handler running on another thread waits (at most 1 s) for spawns under way to register
+/// theirs. The child starts with the calling thread's mask from before.
+///
+/// # Errors
+///
+/// The spawn's error; `Interrupted` when the process is being ended by a signal already (nothing
+/// is started then).
+pub fn spawn_registered(
+    cmd: &mut std::process::Command,
+    group: bool,
+) -> std::io::Result<std::process::Child> {
+    let _spawning = Spawning::begin().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::Interrupted,
+            "this process is being ended by a signal: nothing more is started",
+        )
+    })?;
+    // The child would inherit the blocked signals (the standard library does not reset the
+    // mask): it gets this thread's mask from before.
+    let old = _spawning.old;
+    // SAFETY: the closure runs in the forked child before exec and only calls pthread_sigmask,
+    // which is async-signal-safe, on a copy of a plain sigset_t.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    add(child.id(), group);
+    Ok(child)
+}
+
+/// A spawn under way: the three signals blocked in this thread and counted in [`SPAWNING`];
+/// both undone on drop (a pending signal is then delivered).
+struct Spawning {
+    old: libc::sigset_t,
+}
+
+impl Spawning {
+    fn begin() -> Option<Spawning> {
+        // SAFETY: sigset_t is plain old data; sigemptyset/sigaddset initialise it, and
+        // pthread_sigmask only changes this thread's mask (the old one is kept to restore).
+        let old = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, s);
+            }
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            old
+        };
+        SPAWNING.fetch_add(1, Ordering::SeqCst);
+        let g = Spawning { old };
+        if TERMINATING.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(g)
+    }
+}
+
+impl Drop for Spawning {
+    fn drop(&mut self) {
+        SPAWNING.fetch_sub(1, Ordering::SeqCst);
+        // SAFETY: restores this thread's mask as it was before `begin`.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
+        }
+    }
 }
 
 /// Forgets a child or group (once it is reaped: its pid may be reused).
@@ -271,6 +355,14 @@ fn sleep_ms(ms: i64) {
 /// Async-signal-safe: no allocation, no lock.
 fn cleanup() {
     let me = me();
+    // Spawns under way on other threads register their child first (this thread is not one of
+    // them: they block the signals). Bounded: a spawn waits for the child's exec only.
+    for _ in 0..1000 {
+        if SPAWNING.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        sleep_ms(1);
+    }
     let mut groups = false;
     for s in &CHILDREN {
         let v = s.load(Ordering::Acquire);
@@ -447,6 +539,35 @@ mod tests {
         assert_eq!(parse_pid(b"pto.x.1"), None);
         assert_eq!(parse_pid(b"other.1.2"), None);
         assert_eq!(parse_pid(b"pto..1"), None);
+    }
+
+    #[test]
+    fn a_spawned_child_is_registered_and_starts_with_no_blocked_signal() {
+        let mut c = std::process::Command::new("/bin/sh");
+        c.args([
+            "-c",
+            "while read -r k v; do [ \"$k\" = SigBlk: ] && echo \"$v\"; done < /proc/self/status",
+        ])
+        .stdout(std::process::Stdio::piped());
+        let child = spawn_registered(&mut c, false).unwrap();
+        let pid = child.id();
+        assert!(owned(pid, me()));
+        let out = child.wait_with_output().unwrap();
+        forget(pid);
+        let mask = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            mask.chars().all(|c| c == '0'),
+            "the child's blocked signals: {mask}"
+        );
+        // This thread's mask is as it was.
+        // SAFETY: reading this thread's mask into a zeroed set.
+        let blocked = unsafe {
+            let mut cur: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur);
+            libc::sigismember(&cur, libc::SIGTERM)
+        };
+        assert_eq!(blocked, 0);
+        assert_eq!(SPAWNING.load(Ordering::SeqCst), 0);
     }
 
     #[test]

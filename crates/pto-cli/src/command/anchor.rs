@@ -20,11 +20,9 @@ pub fn run(mut cmd: Command, what: &str, limit: Duration) -> anyhow::Result<Outp
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     pto_shm::cleanup::install();
-    let mut child = cmd
-        .spawn()
+    let mut child = pto_shm::cleanup::spawn_registered(&mut cmd, true)
         .map_err(|e| Usage(format!("cannot run {what}: {e}")))?;
     let pid = child.id();
-    pto_shm::cleanup::register_group(pid);
     let (tx, rx) = std::sync::mpsc::channel();
     for (i, pipe) in [
         child

@@ -52,12 +52,11 @@ pub fn relaunch(n: usize) -> anyhow::Result<ExitCode> {
     }
     tracing::info!(launcher = prog, ranks = n, "starting the MPI job");
     pto_shm::cleanup::install();
-    let mut child = cmd.spawn().map_err(|e| {
+    let mut child = pto_shm::cleanup::spawn_registered(&mut cmd, true).map_err(|e| {
         Environment(format!(
             "cannot start the MPI launcher {prog:?}: {e} (install Open MPI, see the README, or set PTO_MPIRUN)"
         ))
     })?;
-    pto_shm::cleanup::register_group(child.id());
     let st = child.wait().context("waiting for the MPI launcher")?;
     pto_shm::cleanup::forget(child.id());
     Ok(match (st.code(), st.signal()) {

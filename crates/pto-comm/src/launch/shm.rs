@@ -189,11 +189,9 @@ impl ShmWorld {
             cmd.env(k, v);
         }
         pto_shm::process::die_with_this_process(&mut cmd);
-        let child = cmd
-            .spawn()
-            .map_err(|source| CommError::Launch { rank, source })?;
         // A signal that ends this process ends the rank too, and removes its segments.
-        pto_shm::cleanup::register_child(child.id());
+        let child = pto_shm::cleanup::spawn_registered(&mut cmd, false)
+            .map_err(|source| CommError::Launch { rank, source })?;
         tracing::debug!(rank, pid = child.id(), "rank process started");
         self.children.push((rank, child));
         Ok(())
