@@ -223,7 +223,7 @@ fn a_signal_ends_mpirun_and_every_rank(sig: rustix::process::Signal, code: i32) 
             "--ranks",
             "3",
             "--size",
-            "30000000",
+            "10000000",
             "-q",
         ])
         .stdout(std::process::Stdio::null())
