@@ -78,10 +78,13 @@ RANKS_SCRIPT = textwrap.dedent(
 
 
 def _sigint_default():
-    """In the child before exec: SIGINT back to its default action, so that Python installs its
-    KeyboardInterrupt handler even when these tests run where SIGINT is ignored (a background
-    job of a script, nohup)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    """In the child before exec: SIGINT, SIGTERM and SIGHUP back to their default actions. An
+    ignored signal stays ignored across exec, and these tests may run where one is (SIGINT in a
+    background job of a script, SIGHUP under nohup): Python then installs no KeyboardInterrupt
+    handler, and pto, which leaves an ignored signal alone as nohup users expect, would not end
+    on it."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
 
 
 def _pto_segments(pids):
