@@ -21,49 +21,74 @@ fn pto(args: &[&str], windows: &str) -> (i32, String, String) {
     )
 }
 
-fn every_example(windows: &str) {
-    let mut ran = 0;
-    for ex in pto_examples::EXAMPLES.iter().filter(|e| e.ranks.is_some()) {
-        for n in [2, 4] {
-            let n_s = n.to_string();
-            let (code, out, err) = pto(
-                &[
-                    "run",
-                    ex.name,
-                    "--backend",
-                    "mpi",
-                    "--ranks",
-                    &n_s,
-                    "--json",
-                ],
-                windows,
-            );
-            assert_eq!(
-                code, 0,
-                "{} on {n} ranks ({windows}): {out}\n{err}",
-                ex.name
-            );
-            // Rank 0 alone reports.
-            let lines: Vec<&str> = out.lines().collect();
-            assert_eq!(lines.len(), 1, "{} on {n}: {out}", ex.name);
-            let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
-            assert_eq!(v["passed"], true, "{out}");
-            assert_eq!(v["backend"], "mpi");
-            assert_eq!(v["ranks"], n);
-            ran += 1;
-        }
+/// One distributed example under `mpirun -n 2` and `-n 4`, checked by rank 0's one report.
+fn one_example(name: &str, windows: &str) {
+    for n in [2, 4] {
+        let n_s = n.to_string();
+        let (code, out, err) = pto(
+            &["run", name, "--backend", "mpi", "--ranks", &n_s, "--json"],
+            windows,
+        );
+        assert_eq!(code, 0, "{name} on {n} ranks ({windows}): {out}\n{err}");
+        // Rank 0 alone reports.
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "{name} on {n}: {out}");
+        let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(v["passed"], true, "{out}");
+        assert_eq!(v["backend"], "mpi");
+        assert_eq!(v["ranks"], n);
     }
-    assert!(ran >= 18, "only {ran} runs");
 }
 
-#[test]
-fn every_distributed_example_on_2_and_4_ranks_shared_windows() {
-    every_example("shared");
+/// A test per distributed example and window kind: each runs four MPI jobs, which on a loaded
+/// 2-CPU machine take up to half a minute (all examples in one test took 117 s there).
+macro_rules! every_distributed_example {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn on_2_and_4_ranks_shared_windows() {
+                    super::one_example(stringify!($name), "shared");
+                }
+
+                #[test]
+                fn on_2_and_4_ranks_rma_windows() {
+                    super::one_example(stringify!($name), "rma");
+                }
+            }
+        )*
+
+        const LISTED: &[&str] = &[$(stringify!($name)),*];
+    };
 }
 
+every_distributed_example!(
+    deferred_notify,
+    async_notify,
+    allreduce_distributed,
+    allgather,
+    reduce_scatter,
+    broadcast,
+    all_to_all,
+    ffn_tp_parallel,
+    domain_rank_map,
+    dual_domain_overlap,
+);
+
 #[test]
-fn every_distributed_example_on_2_and_4_ranks_rma_windows() {
-    every_example("rma");
+fn every_distributed_example_has_its_mpi_tests() {
+    let mut want: Vec<&str> = pto_examples::EXAMPLES
+        .iter()
+        .filter(|e| e.ranks.is_some())
+        .map(|e| e.name)
+        .collect();
+    let mut have = LISTED.to_vec();
+    want.sort_unstable();
+    have.sort_unstable();
+    assert_eq!(
+        have, want,
+        "list every distributed example in every_distributed_example!"
+    );
 }
 
 #[test]
@@ -282,36 +307,49 @@ fn a_signal_ends_mpirun_and_every_rank(sig: rustix::process::Signal, code: i32) 
 #[path = "common/mod.rs"]
 mod common;
 
-#[test]
-fn a_c_plugins_ring_program_on_1_to_8_mpi_ranks() {
+/// The C plugin's `program` under `mpirun` on each of `ranks`, with `windows` windows.
+fn plugin_ring(program: &str, windows: &str, ranks: &[&str]) {
     let p = common::build_plugin("examples/plugin/ring.c", &[]);
     let path = p.path.display().to_string();
-    for (windows, ranks) in [
-        ("shared", &["1", "2", "4", "8"][..]),
-        ("rma", &["2", "4"][..]),
-    ] {
-        for &n in ranks {
-            for program in ["ring", "ring_blocking"] {
-                let (code, out, err) = pto(
-                    &[
-                        "run",
-                        "--plugin",
-                        &path,
-                        program,
-                        "--backend",
-                        "mpi",
-                        "--ranks",
-                        n,
-                        "--json",
-                    ],
-                    windows,
-                );
-                assert_eq!(code, 0, "{program} on {n} ({windows}): {out}\n{err}");
-                let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-                assert_eq!(v["passed"], true, "{out}");
-            }
-        }
+    for &n in ranks {
+        let (code, out, err) = pto(
+            &[
+                "run",
+                "--plugin",
+                &path,
+                program,
+                "--backend",
+                "mpi",
+                "--ranks",
+                n,
+                "--json",
+            ],
+            windows,
+        );
+        assert_eq!(code, 0, "{program} on {n} ({windows}): {out}\n{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["passed"], true, "{out}");
     }
+}
+
+#[test]
+fn a_c_plugins_ring_program_on_1_to_8_mpi_ranks_shared_windows() {
+    plugin_ring("ring", "shared", &["1", "2", "4", "8"]);
+}
+
+#[test]
+fn a_c_plugins_blocking_ring_program_on_1_to_8_mpi_ranks_shared_windows() {
+    plugin_ring("ring_blocking", "shared", &["1", "2", "4", "8"]);
+}
+
+#[test]
+fn a_c_plugins_ring_programs_on_2_and_4_mpi_ranks_rma_windows() {
+    plugin_ring("ring", "rma", &["2", "4"]);
+    plugin_ring("ring_blocking", "rma", &["2", "4"]);
+}
+
+#[test]
+fn a_failing_c_plugin_kernel_fails_the_mpi_job() {
     // A failing kernel fails the job, named by rank 0's report.
     let f = common::build_plugin("crates/pto-cli/tests/plugins/cases.c", &[]);
     let fpath = f.path.display().to_string();
