@@ -44,6 +44,7 @@ impl WorkerBuilder {
             spec: Spec {
                 chips: 1,
                 cores: (2, 4),
+                threads: None,
                 subs: 0,
                 window: None,
                 comm: true,
@@ -99,6 +100,14 @@ impl WorkerBuilder {
     /// Logical cores per chip.
     pub fn cores(mut self, aic: u32, aiv: u32) -> Self {
         self.spec.cores = (aic, aiv);
+        self
+    }
+
+    /// OS threads serving each chip's logical cores (default: `PTO_THREADS`, else as many as
+    /// cores and CPUs allow). A thread per logical core lets every core hold a kernel that
+    /// waits for a peer inside its task, as on the device.
+    pub fn threads(mut self, n: usize) -> Self {
+        self.spec.threads = Some(n);
         self
     }
 

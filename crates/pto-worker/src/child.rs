@@ -321,6 +321,9 @@ fn bring_up(
         .aic_cores(spec.cores.0)
         .aiv_cores(spec.cores.1)
         .orchestrator_runs_tasks(true);
+    if let Some(n) = spec.threads {
+        b = b.threads(n);
+    }
     if let Some(c) = &ctx {
         b = b.extension(Arc::new(c.clone()));
     }

@@ -79,6 +79,8 @@ pub(crate) type NestedFn = dyn Fn(&dyn Any, &SubCall) -> Result<(), String> + Se
 pub(crate) struct Spec {
     pub(crate) chips: usize,
     pub(crate) cores: (u32, u32),
+    /// OS threads serving each chip's cores (default: `PTO_THREADS`, else the chip's choice).
+    pub(crate) threads: Option<usize>,
     pub(crate) subs: usize,
     pub(crate) window: Option<WindowSpec>,
     pub(crate) comm: bool,

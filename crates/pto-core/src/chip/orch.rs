@@ -216,6 +216,33 @@ impl<'a> Orch<'a> {
         self.scoped(true, f)
     }
 
+    /// Opens a scope that a later [`Orch::end_scope`] closes, for orchestrations whose scopes
+    /// are not Rust closures (a C++ program's RAII guard calls begin and end separately): a
+    /// manual one with `manual` (only explicit dependencies count), else an automatic one.
+    /// Scopes still open when the program returns are closed with the run.
+    ///
+    /// # Errors
+    ///
+    /// [`OrchError::AutoInsideManual`] for an automatic scope inside a manual one.
+    pub fn begin_scope(&mut self, manual: bool) -> Result<(), OrchError> {
+        self.state.begin_scope(manual)
+    }
+
+    /// Closes the innermost scope [`Orch::begin_scope`] opened: its outputs are reclaimed once
+    /// their consumers finished.
+    ///
+    /// # Errors
+    ///
+    /// [`OrchError::Other`] when no scope is open (the run's own outer scope is not the
+    /// caller's to close).
+    pub fn end_scope(&mut self) -> Result<(), OrchError> {
+        if self.state.depth() == 0 {
+            return Err(OrchError::msg("end_scope without an open scope"));
+        }
+        self.state.end_scope();
+        Ok(())
+    }
+
     /// Waits until every task that writes bytes of `t` (or, with `write`, also reads them) has
     /// finished.
     fn wait_producers(&mut self, t: &Tensor, write: bool) -> Result<(), OrchError> {

@@ -1,0 +1,182 @@
+//! Communication domains as simpler's kernels see them: a pto window over the domain's members
+//! and, per chip process, a `CommContext` whose `windowsIn[i]` is member i's part of the window
+//! as mapped in this process. The context's address is what the host passes kernels as
+//! `device_ctx`.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+use pto_comm::{BufferSpec, Comm, Window, WindowSpec, WINDOW_ALIGN};
+use pto_core::{Buffer, DType};
+
+use crate::abi::{CommContext, COMM_MAX_RANKS};
+use crate::request::{DomainRequest, DOMAIN_ROW};
+use crate::SimplerError;
+
+/// A domain this chip is a member of.
+pub(crate) struct Domain {
+    pub(crate) name: String,
+    window: Window,
+    /// Boxed: kernels hold its address.
+    ctx: Box<CommContext>,
+    /// This chip's part of the window, as one pto buffer (every tensor over it shares it, so
+    /// that dependencies between them are seen).
+    pub(crate) buffer: Buffer,
+    /// Its address in this process.
+    pub(crate) base: u64,
+    pub(crate) len: usize,
+}
+
+impl std::fmt::Debug for Domain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Domain")
+            .field("name", &self.name)
+            .field("base", &self.base)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+fn domains() -> &'static Mutex<HashMap<u64, Domain>> {
+    static DOMAINS: OnceLock<Mutex<HashMap<u64, Domain>>> = OnceLock::new();
+    DOMAINS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Where each named buffer starts in a member's window: in order, each aligned to
+/// [`WINDOW_ALIGN`], as pto carves them (the host computes the same offsets).
+pub fn buffer_offsets(sizes: &[u64]) -> Vec<u64> {
+    let mut at = 0u64;
+    sizes
+        .iter()
+        .map(|&n| {
+            let o = at.div_ceil(WINDOW_ALIGN as u64) * WINDOW_ALIGN as u64;
+            at = o + n;
+            o
+        })
+        .collect()
+}
+
+/// Allocates domain `req` over `world` (collective over its members) and returns this member's
+/// row: `[CommContext address, window base, window bytes, domain rank, domain size, 0, 0, 0]`.
+pub(crate) fn alloc(world: &Comm, req: &DomainRequest) -> Result<[u64; DOMAIN_ROW], SimplerError> {
+    let bad = |why: String| SimplerError::Domain {
+        name: req.name.clone(),
+        why,
+    };
+    if req.members.len() > COMM_MAX_RANKS {
+        return Err(bad(format!(
+            "{} members: a CommContext holds at most {COMM_MAX_RANKS}",
+            req.members.len()
+        )));
+    }
+    if domains().lock().contains_key(&req.id) {
+        return Err(bad(format!("domain id {} is allocated already", req.id)));
+    }
+    let comm = world.domain(&req.members).map_err(|e| bad(e.to_string()))?;
+    let mut spec = WindowSpec::for_buffers(
+        req.buffers
+            .iter()
+            .map(|b| BufferSpec::new(&b.name, DType::U8, b.nbytes as usize))
+            .collect(),
+    );
+    spec.bytes = spec.bytes.max(req.window_size as usize).max(1);
+    let window = comm.alloc_window(&spec).map_err(|e| bad(e.to_string()))?;
+    // The host computed the same offsets: check, so that a change on either side is loud.
+    let sizes: Vec<u64> = req.buffers.iter().map(|b| b.nbytes).collect();
+    for (b, want) in req.buffers.iter().zip(buffer_offsets(&sizes)) {
+        let got = window
+            .buffer(&b.name)
+            .map_err(|e| bad(e.to_string()))?
+            .offset as u64;
+        if got != want {
+            return Err(bad(format!(
+                "buffer {:?} is at offset {got} of the window, the host expected {want}",
+                b.name
+            )));
+        }
+    }
+    let mut ctx = Box::new(CommContext {
+        work_space: 0,
+        work_space_size: 0,
+        rank_id: comm.rank() as u32,
+        rank_num: comm.size() as u32,
+        win_size: window.len() as u64,
+        windows_in: [0; COMM_MAX_RANKS],
+        windows_out: [0; COMM_MAX_RANKS],
+    });
+    for r in 0..comm.size() {
+        let p = window.peer_ptr(r).map_err(|e| bad(e.to_string()))? as u64;
+        ctx.windows_in[r] = p;
+        ctx.windows_out[r] = p;
+    }
+    let base = ctx.windows_in[comm.rank()];
+    let len = window.len();
+    let row = [
+        std::ptr::from_ref::<CommContext>(&ctx) as u64,
+        base,
+        len as u64,
+        comm.rank() as u64,
+        comm.size() as u64,
+        0,
+        0,
+        0,
+    ];
+    let buffer = window.local_buffer();
+    tracing::debug!(
+        domain = req.name,
+        id = req.id,
+        rank = comm.rank(),
+        "simpler domain allocated"
+    );
+    domains().lock().insert(
+        req.id,
+        Domain {
+            name: req.name.clone(),
+            window,
+            ctx,
+            buffer,
+            base,
+            len,
+        },
+    );
+    Ok(row)
+}
+
+/// Frees domain `id` (collective over its members: a barrier, then the window goes).
+pub(crate) fn free(id: u64) -> Result<(), SimplerError> {
+    let d = domains()
+        .lock()
+        .remove(&id)
+        .ok_or_else(|| SimplerError::Domain {
+            name: format!("#{id}"),
+            why: "no such domain on this chip".into(),
+        })?;
+    let Domain {
+        name, window, ctx, ..
+    } = d;
+    let r = window.release().map_err(|e| SimplerError::Domain {
+        name,
+        why: e.to_string(),
+    });
+    // Kernels of finished runs held the context's address: it goes only now.
+    drop(ctx);
+    r
+}
+
+/// The buffer and base address of domain `id`'s part on this chip.
+pub(crate) fn local_part(id: u64) -> Option<(Buffer, u64, usize)> {
+    domains()
+        .lock()
+        .get(&id)
+        .map(|d| (d.buffer.clone(), d.base, d.len))
+}
+
+/// Every domain's part on this chip, for resolving addresses.
+pub(crate) fn all_parts() -> Vec<(Buffer, u64, usize)> {
+    domains()
+        .lock()
+        .values()
+        .map(|d| (d.buffer.clone(), d.base, d.len))
+        .collect()
+}
