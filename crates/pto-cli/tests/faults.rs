@@ -779,13 +779,16 @@ fn a_full_or_closed_standard_output_ends_the_command_without_a_panic() {
         &["env"][..],
         &["run", "allreduce_distributed", "--ranks", "2"],
     ] {
-        let mut c = Command::new(PTO)
+        // The reader is gone before pto starts: closing it after the spawn raced with pto's
+        // writes (a short output fits the pipe, and a loaded machine let pto finish first).
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let c = Command::new(PTO)
             .args(args)
-            .stdout(Stdio::piped())
+            .stdout(writer)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        drop(c.stdout.take());
         let o = c.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(141), "{args:?}: {err}");
