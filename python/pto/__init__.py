@@ -246,6 +246,9 @@ class Worker:
         check: run every chip under the happens-before checker (``pto check``):
             :meth:`check_report` lists the races between chips' window accesses that no
             notify -> wait, barrier or collective orders. One checked Worker at a time.
+        threads: OS threads serving each chip's logical cores, 1 to 1024 (default
+            ``PTO_THREADS``, else as many as cores and CPUs allow); one per logical core lets
+            every core hold a kernel that waits for a peer, as on the device.
 
     Bad arguments raise :class:`TypeError` (a wrong type) or :class:`ValueError` (out of
     range) naming the argument and what it may be, here and in every method; failures of the
@@ -264,7 +267,10 @@ class Worker:
         timeout: Optional[float] = None,
         kernels: Optional[Sequence[Union[Kernel, Callable[..., Any]]]] = None,
         check: bool = False,
+        threads: Optional[int] = None,
     ) -> None:
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
+            raise TypeError(f"Worker: threads must be an int, not {type(threads).__name__}")
         try:
             self._w = _native.Worker(
                 chips,
@@ -277,6 +283,7 @@ class Worker:
                 timeout,
                 _kernel_specs(kernels),
                 check,
+                threads,
             )
         except WorkerError as e:
             if "before any thread starts" in str(e) and any(

@@ -69,5 +69,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ranks::ShmWorld>()?;
     m.add_function(wrap_pyfunction!(programs::programs, m)?)?;
     m.add_function(wrap_pyfunction!(programs::kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(programs::simpler_include_dir, m)?)?;
     Ok(())
 }

@@ -120,6 +120,13 @@ pub(crate) fn chip_programs(
         b = b.program(&n, reg.clone(), kernel_program(n.clone()));
         all.insert(n);
     }
+    // simpler's programs: the bridge's chip program (python -m pto.simpler drives it).
+    b = b.program(
+        pto_simpler::PROGRAM,
+        pto_simpler::kernel::registry().map_err(worker_err)?,
+        pto_simpler::chip_program,
+    );
+    all.insert(pto_simpler::PROGRAM.to_string());
     for p in pto_examples::programs::PROGRAMS {
         b = b.program(p.name, (p.kernels)().map_err(worker_err)?, p.orch);
         all.insert(p.name.to_string());
@@ -156,4 +163,12 @@ pub(crate) fn kernels() -> PyResult<Vec<String>> {
         .iter()
         .map(|k| k.name().to_string())
         .collect())
+}
+
+/// The folder of pto's simpler-compatible headers (`pto include-dir --simpler`).
+#[pyfunction]
+pub(crate) fn simpler_include_dir() -> PyResult<String> {
+    pto_simpler::include_dir()
+        .map(|p| p.display().to_string())
+        .map_err(|e| worker_err(format!("writing pto's simpler headers: {e}")))
 }

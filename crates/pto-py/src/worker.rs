@@ -292,7 +292,7 @@ impl Worker {
     /// Starts the Worker: forks one process per chip and per sub-worker (call it before this
     /// process starts threads).
     #[new]
-    #[pyo3(signature = (chips=1, cores=(1, 2), sub_workers=0, buffers=None, collectives=None, comm=true, subs=None, timeout=None, kernels=None, check=false))]
+    #[pyo3(signature = (chips=1, cores=(1, 2), sub_workers=0, buffers=None, collectives=None, comm=true, subs=None, timeout=None, kernels=None, check=false, threads=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         #[pyo3(from_py_with = chips_arg)] chips: usize,
@@ -305,6 +305,7 @@ impl Worker {
         #[pyo3(from_py_with = timeout_arg)] timeout: Option<Duration>,
         kernels: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = check_arg)] check: bool,
+        threads: Option<usize>,
     ) -> PyResult<Worker> {
         let mut specs = buffer_specs(buffers)?;
         let callables = sub_callables(subs)?;
@@ -315,6 +316,14 @@ impl Worker {
             .chips(chips)
             .cores(cores.0, cores.1)
             .sub_workers(sub_workers);
+        if let Some(n) = threads {
+            if !(1..=1024).contains(&n) {
+                return Err(PyValueError::new_err(format!(
+                    "Worker: threads must be 1 to 1024, not {n}"
+                )));
+            }
+            b = b.threads(n);
+        }
         if !specs.is_empty() {
             b = b.window(WindowSpec::for_buffers(specs.clone()));
         }

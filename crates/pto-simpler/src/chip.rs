@@ -84,8 +84,9 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
     for k in &c.kernels {
         let lib = library::open(&k.path)?;
         let core = match k.core.as_str() {
-            "aic" => CoreKind::Aic,
-            "aiv" => CoreKind::Aiv,
+            "aic" => Some(CoreKind::Aic),
+            "aiv" => Some(CoreKind::Aiv),
+            "" => None,
             other => {
                 return Err(fail(format!(
                     "kernel func_id {}: core type {other:?} (aic or aiv)",
@@ -118,6 +119,7 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
         let d = match a {
             ArgTensor::Host {
                 index,
+                offset,
                 shape,
                 dtype,
             } => {
@@ -129,18 +131,15 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
                 let shape: Vec<usize> = shape.iter().map(|&s| s as usize).collect();
                 let need = Tensor::byte_size(&shape, dt).map_err(|e| fail(e.to_string()))?;
                 let (s0, e0) = t.region().byte_range();
-                let have = e0 - s0;
-                if need > have {
+                let have = (e0 - s0) as u64;
+                let end = offset + need as u64;
+                if end > have {
                     return Err(fail(format!(
-                        "tensor {i}: shape {shape:?} of {dtype} needs {need} bytes, the host tensor has {have}"
+                        "tensor {i}: shape {shape:?} of {dtype} at byte {offset} needs {end} bytes, the host tensor has {have}"
                     )));
                 }
-                session.add_region(
-                    t.buffer().clone(),
-                    t.buffer().addr() as u64,
-                    t.buffer().len(),
-                );
-                descriptor(host_addr(t), &shape, code, INVALID_TASK)
+                session.add_region(t.buffer().clone(), t.buffer().addr() as u64, t.buffer().len());
+                descriptor(host_addr(t) + offset, &shape, code, INVALID_TASK)
             }
             ArgTensor::Window {
                 domain: id,

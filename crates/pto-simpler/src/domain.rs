@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
-use pto_comm::{BufferSpec, Comm, Window, WindowSpec, WINDOW_ALIGN};
-use pto_core::{Buffer, DType};
+use pto_comm::{Comm, Window, WindowSpec};
+use pto_core::Buffer;
 
 use crate::abi::{CommContext, COMM_MAX_RANKS};
 use crate::request::{DomainRequest, DOMAIN_ROW};
@@ -43,15 +43,15 @@ fn domains() -> &'static Mutex<HashMap<u64, Domain>> {
     DOMAINS.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Where each named buffer starts in a member's window: in order, each aligned to
-/// [`WINDOW_ALIGN`], as pto carves them (the host computes the same offsets).
+/// Where each named buffer starts in a member's window: back to back in order, as simpler
+/// carves them (the host computes the same offsets).
 pub fn buffer_offsets(sizes: &[u64]) -> Vec<u64> {
     let mut at = 0u64;
     sizes
         .iter()
         .map(|&n| {
-            let o = at.div_ceil(WINDOW_ALIGN as u64) * WINDOW_ALIGN as u64;
-            at = o + n;
+            let o = at;
+            at += n;
             o
         })
         .collect()
@@ -73,35 +73,24 @@ pub(crate) fn alloc(world: &Comm, req: &DomainRequest) -> Result<[u64; DOMAIN_RO
     if domains().lock().contains_key(&req.id) {
         return Err(bad(format!("domain id {} is allocated already", req.id)));
     }
-    let comm = world.domain(&req.members).map_err(|e| bad(e.to_string()))?;
-    let mut spec = WindowSpec::for_buffers(
-        req.buffers
-            .iter()
-            .map(|b| BufferSpec::new(&b.name, DType::U8, b.nbytes as usize))
-            .collect(),
-    );
-    spec.bytes = spec.bytes.max(req.window_size as usize).max(1);
-    let window = comm.alloc_window(&spec).map_err(|e| bad(e.to_string()))?;
-    // The host computed the same offsets: check, so that a change on either side is loud.
-    let sizes: Vec<u64> = req.buffers.iter().map(|b| b.nbytes).collect();
-    for (b, want) in req.buffers.iter().zip(buffer_offsets(&sizes)) {
-        let got = window
-            .buffer(&b.name)
-            .map_err(|e| bad(e.to_string()))?
-            .offset as u64;
-        if got != want {
-            return Err(bad(format!(
-                "buffer {:?} is at offset {got} of the window, the host expected {want}",
-                b.name
-            )));
-        }
+    let total: u64 = req.buffers.iter().map(|b| b.nbytes).sum();
+    if total > req.window_size {
+        return Err(bad(format!(
+            "its buffers need {total} bytes, more than its window_size {}",
+            req.window_size
+        )));
     }
+    let comm = world.domain(&req.members).map_err(|e| bad(e.to_string()))?;
+    // Zeroed on every member before the allocation's barrier (pto's windows always are).
+    let window = comm
+        .alloc_window(&WindowSpec::new((req.window_size as usize).max(1)))
+        .map_err(|e| bad(e.to_string()))?;
     let mut ctx = Box::new(CommContext {
         work_space: 0,
         work_space_size: 0,
         rank_id: comm.rank() as u32,
         rank_num: comm.size() as u32,
-        win_size: window.len() as u64,
+        win_size: req.window_size,
         windows_in: [0; COMM_MAX_RANKS],
         windows_out: [0; COMM_MAX_RANKS],
     });

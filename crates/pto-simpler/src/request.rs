@@ -48,7 +48,8 @@ pub struct KernelSpec {
     pub func_id: i32,
     /// Its shared library.
     pub path: String,
-    /// `aic` or `aiv`.
+    /// `aic` or `aiv`, or empty when unknown (the submit decides).
+    #[serde(default)]
     pub core: String,
     /// Its source file, for messages.
     #[serde(default)]
@@ -83,6 +84,9 @@ pub enum ArgTensor {
     Host {
         /// Index among the chip task's tensors.
         index: usize,
+        /// Byte offset of the tensor in that host tensor.
+        #[serde(default)]
+        offset: u64,
         /// Shape (elements).
         shape: Vec<u32>,
         /// simpler dtype name.

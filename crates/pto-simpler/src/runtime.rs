@@ -23,7 +23,8 @@ use crate::library::Library;
 pub(crate) struct Kernel {
     pub(crate) lib: Arc<Library>,
     pub(crate) entry: abi::KernelEntry,
-    pub(crate) core: CoreKind,
+    /// The core type it was compiled for, when known (else the submit decides).
+    pub(crate) core: Option<CoreKind>,
     pub(crate) source: String,
 }
 
@@ -356,15 +357,15 @@ impl<'o, 'a> Session<'o, 'a> {
             } else {
                 CoreKind::Aiv
             };
-            if k.core != want {
+            if let Some(core) = k.core.filter(|&c| c != want) {
                 return Err(format!(
                     "func_id {func} is an {} kernel ({}), submitted as an {} task",
-                    k.core.name(),
+                    core.name(),
                     k.source,
                     want.name()
                 ));
             }
-            Some((func, k, u8::from(slot == 2)))
+            Some((func, k, want, u8::from(slot == 2)))
         } else {
             return Err(format!("unknown submit kind {}", s.kind));
         };
@@ -413,7 +414,7 @@ impl<'o, 'a> Session<'o, 'a> {
         args = args.after_all(deps);
         let simpler_id = me as u64;
         let submitted = match kernel {
-            Some((func, k, sub_block)) => {
+            Some((func, k, core, sub_block)) => {
                 if s.scalars.len() > abi::MAX_SCALAR_ARGS || s.tensors.len() > abi::MAX_TENSOR_ARGS
                 {
                     return Err("too many arguments".into());
@@ -431,7 +432,7 @@ impl<'o, 'a> Session<'o, 'a> {
                 });
                 self.payloads.push(payload);
                 args = args.scalar(payload).deferred().blocks(blocks);
-                let name = if k.core == CoreKind::Aic {
+                let name = if core == CoreKind::Aic {
                     kernel::AIC
                 } else {
                     kernel::AIV

@@ -1,0 +1,3 @@
+"""``simpler.buffer`` on pto."""
+
+from pto.simpler._types import Buffer, Tensor  # noqa: F401
