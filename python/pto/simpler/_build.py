@@ -169,12 +169,32 @@ def _build(source: str, flags: List[str], includes: List[str], what: str) -> byt
     return data
 
 
+_BF16: Optional[List[str]] = None
+
+
+def bf16_flags() -> List[str]:
+    """Extra flags that give pto-isa a real ``std::bfloat16_t``: none when the compiler has it
+    (GCC 14 and later), else pto's shim folder and ``-D__STDCPP_BFLOAT16_T__=1`` (clang, which
+    has the ``__bf16`` arithmetic type but not the standard name)."""
+    global _BF16
+    if _BF16 is not None:
+        return _BF16
+    cxx, _ = compiler()
+    probe = "#include <stdfloat>\n#ifndef __STDCPP_BFLOAT16_T__\n#error none\n#endif\nstd::bfloat16_t x = 1.0bf16;\n"
+    with tempfile.TemporaryDirectory(prefix="pto-simpler-probe-") as tmp:
+        src = Path(tmp) / "p.cpp"
+        src.write_text(probe)
+        ok = subprocess.run([cxx, "-std=c++23", "-fsyntax-only", str(src)], capture_output=True).returncode == 0
+    _BF16 = [] if ok else [f"-I{os.path.join(include_dir(), 'bf16')}", "-D__STDCPP_BFLOAT16_T__=1"]
+    return _BF16
+
+
 def kernel_flags(core_type: str) -> List[str]:
     if core_type not in ("aiv", "aic"):
         raise ValueError(f"core_type must be 'aiv' or 'aic', not {core_type!r}")
     core = "-D__DAV_VEC__" if core_type == "aiv" else "-D__DAV_CUBE__"
     return ["-shared", "-O2", "-fPIC", "-std=c++23", "-fpermissive", "-D__CPU_SIM",
-            "-DPTO_CPU_MAX_THREADS=1", "-DNDEBUG", core, "-w"]
+            "-DPTO_CPU_MAX_THREADS=1", "-DNDEBUG", core, "-w", *bf16_flags()]
 
 
 # What pto knows of binaries it compiled: (core type, source file), by content.
