@@ -138,7 +138,11 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
                         "tensor {i}: shape {shape:?} of {dtype} at byte {offset} needs {end} bytes, the host tensor has {have}"
                     )));
                 }
-                session.add_region(t.buffer().clone(), t.buffer().addr() as u64, t.buffer().len());
+                session.add_region(
+                    t.buffer().clone(),
+                    t.buffer().addr() as u64,
+                    t.buffer().len(),
+                );
                 descriptor(host_addr(t) + offset, &shape, code, INVALID_TASK)
             }
             ArgTensor::Window {

@@ -324,6 +324,12 @@ fn bring_up(
     if let Some(n) = spec.threads {
         b = b.threads(n);
     }
+    // The Worker's timeout is its chips' too: a deferred task's conditions and the
+    // orchestration's waits fail (naming what they waited for) before the host's backstop on
+    // the reply.
+    if !spec.timeout.is_zero() {
+        b = b.wait_timeout(spec.timeout);
+    }
     if let Some(c) = &ctx {
         b = b.extension(Arc::new(c.clone()));
     }
