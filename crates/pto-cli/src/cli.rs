@@ -41,8 +41,9 @@ pub enum Command {
     /// List the examples, or a C plugin's programs, kernels and buffers (--plugin).
     List(ListArgs),
     /// Print the folder that holds pto.h, the C header of plugins
-    /// (cc -shared -fPIC -I"$(pto include-dir)" mine.c -o libmine.so).
-    IncludeDir,
+    /// (cc -shared -fPIC -I"$(pto include-dir)" mine.c -o libmine.so), or with --simpler the
+    /// folder of pto's simpler-compatible headers (tensor.h, pto_orchestration_api.h, ...).
+    IncludeDir(IncludeDirArgs),
     /// Run a benchmark.
     Bench(BenchArgs),
     /// Print the PTO_* environment variables pto reads, with their values and ranges.
@@ -330,4 +331,13 @@ mod tests {
             assert!(parse_bytes(bad).is_err(), "{bad}");
         }
     }
+}
+
+/// `pto include-dir` options.
+#[derive(Debug, clap::Args)]
+pub struct IncludeDirArgs {
+    /// The folder of pto's headers for simpler's kernels and orchestrations (compile them with
+    /// -I"$(pto include-dir --simpler)" before pto-isa's folders; see docs/design/simpler.md).
+    #[arg(long)]
+    pub simpler: bool,
 }

@@ -418,3 +418,22 @@ fn bench_dag_divides_by_the_anchor_it_runs() {
     assert!(err.contains("no team"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn include_dir_simpler_names_the_simpler_headers() {
+    let (code, out, err) = pto(&["include-dir", "--simpler"]);
+    assert_eq!(code, 0, "{err}");
+    let dir = std::path::PathBuf::from(out.trim());
+    for h in [
+        "tensor.h",
+        "intrinsic.h",
+        "pto_orchestration_api.h",
+        "pto_async_kernel_api.h",
+        "platform_comm/comm_context.h",
+    ] {
+        assert!(dir.join(h).is_file(), "{} has no {h}", dir.display());
+    }
+    let (code, out, _) = pto(&["include-dir"]);
+    assert_eq!(code, 0);
+    assert!(std::path::Path::new(out.trim()).join("pto.h").is_file());
+}

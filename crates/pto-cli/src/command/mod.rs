@@ -56,10 +56,18 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::IncludeDir => {
-            let dir = pto_plugin::include_dir().map_err(|e| {
-                crate::exit::Environment(format!("writing pto.h to a cache folder: {e}"))
-            })?;
+        Command::IncludeDir(a) => {
+            let dir = if a.simpler {
+                pto_simpler::include_dir().map_err(|e| {
+                    crate::exit::Environment(format!(
+                        "writing pto's simpler headers to a cache folder: {e}"
+                    ))
+                })?
+            } else {
+                pto_plugin::include_dir().map_err(|e| {
+                    crate::exit::Environment(format!("writing pto.h to a cache folder: {e}"))
+                })?
+            };
             outln!("{}", dir.display());
             Ok(ExitCode::SUCCESS)
         }
