@@ -48,7 +48,7 @@ rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 # maturin builds the extension with cargo; keep its artifacts in this repository's target/.
-CARGO_TARGET_DIR="$PWD/target/pto-py" "$venv/bin/python" -m pip install -q "./python[test]"
+CARGO_TARGET_DIR="$PWD/target/pto-py" "$venv/bin/python" -m pip install -q "./python[test,simpler]"
 # Run from the repository root, so that the installed package (not python/pto) is imported.
 "$venv/bin/python" -m pytest -q python/tests
 

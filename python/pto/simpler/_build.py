@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 __all__ = [
+    "BuildError",
     "cache_dir",
+    "ensure_pto_isa_root",
     "compiler",
     "compile_kernel",
     "compile_orchestration",
@@ -156,7 +158,10 @@ def _build(source: str, flags: List[str], includes: List[str], what: str) -> byt
         cmd = [cxx, *flags, *[f"-I{i}" for i in includes], "-MD", "-MF", str(depfile), str(src), "-o", str(out)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
-            raise BuildError(f"compiling {what} {source} failed:\n  {' '.join(cmd)}\n{r.stderr.strip()}")
+            hint = ""
+            if "pto/" in r.stderr and "No such file" in r.stderr and not os.environ.get("PTO_ISA_ROOT"):
+                hint = "\n(the kernel includes pto-isa: set PTO_ISA_ROOT to your pto-isa checkout)"
+            raise BuildError(f"compiling {what} {source} failed:\n  {' '.join(cmd)}\n{r.stderr.strip()}{hint}")
         deps = _read_deps(depfile)
         data = out.read_bytes()
         # Written beside, then renamed: a concurrent build of the same source never sees half.
@@ -253,3 +258,17 @@ def store_binary(data: bytes) -> str:
         os.replace(part, path)
     _STORED[key] = str(path)
     return str(path)
+
+def ensure_pto_isa_root(verbose: bool = False) -> str:
+    """The absolute path of the pto-isa checkout ``PTO_ISA_ROOT`` names (pto never downloads
+    it). Raises :class:`OSError` saying what to set when it is unset or not a pto-isa."""
+    root = os.environ.get("PTO_ISA_ROOT", "")
+    if not root:
+        raise OSError(
+            "PTO_ISA_ROOT is not set: point it at a checkout of pto-isa (the commit your simpler "
+            "pins in pto_isa.pin), e.g. export PTO_ISA_ROOT=/path/to/pto-isa"
+        )
+    marker = os.path.join(root, "include", "pto", "pto-inst.hpp")
+    if not os.path.isfile(marker):
+        raise OSError(f"PTO_ISA_ROOT={root} is not a pto-isa checkout: {marker} does not exist")
+    return os.path.abspath(root)

@@ -133,7 +133,7 @@ def _rehosted_buffer_for(task_args: TaskArgsBuilder, tensor: Any) -> Any:
 
 def _rehosted_ref_for(task_args: TaskArgsBuilder, tensor: Any) -> Any:
     """The task argument over a rehosted tensor (matched by its address)."""
-    from simpler_setup.torch_interop import torch_dtype_to_datatype
+    from ._torch import torch_dtype_to_datatype
 
     h = _rehosted_buffer_for(task_args, tensor)
     return h.tensor(shapes=tuple(tensor.shape), dtype=torch_dtype_to_datatype(tensor.dtype).value)
@@ -193,18 +193,20 @@ def scene_test(level: int, runtime: str) -> Callable[[type], type]:
 
 def compile_callable(entry: Dict[str, Any], platform: str, runtime: str) -> Any:
     """A CALLABLE entry's ChipCallable, compiled (from the cache when unchanged)."""
-    from simpler.task_interface import ChipCallable, CoreCallable
-    from simpler_setup.kernel_compiler import KernelCompiler
-    from simpler_setup.pto_isa import ensure_pto_isa_root
+    from ._build import ensure_pto_isa_root
+    from ._compiler import KernelCompiler
+    from ._types import ChipCallable, CoreCallable
 
     kc = KernelCompiler(platform=platform)
     inc = kc.get_orchestration_include_dirs(runtime)
     orch = entry["orchestration"]
     isa: Optional[str] = None
     children = []
+    # pto-isa is the user's: when PTO_ISA_ROOT is set it must be one; kernels that do not use
+    # it build without it (a kernel that does fails naming PTO_ISA_ROOT).
+    if os.environ.get("PTO_ISA_ROOT"):
+        isa = ensure_pto_isa_root()
     for k in entry.get("incores", []):
-        if isa is None:
-            isa = ensure_pto_isa_root()
         extra = list(inc) + [d for d in k.get("extra_include_dirs", []) if os.path.isdir(d)]
         binary = kc.compile_incore(k["source"], core_type=k.get("core_type", "aiv"), pto_isa_root=isa, extra_include_dirs=extra)
         children.append((int(k["func_id"]), CoreCallable.build(signature=k.get("signature", []), binary=binary)))
@@ -298,7 +300,7 @@ def _rehost(worker: Any, args: TaskArgsBuilder) -> None:
     in its place."""
     import torch
 
-    seen = []
+    seen: List[Any] = []
     for s in args.specs:
         if not isinstance(s, TensorArg):
             continue
@@ -322,7 +324,7 @@ def _rehost(worker: Any, args: TaskArgsBuilder) -> None:
 
 
 def _build_config(case: Dict[str, Any]) -> Any:
-    from simpler.task_interface import CallConfig
+    from ._types import CallConfig
 
     cfg = CallConfig()
     conf = case.get("config", {})

@@ -503,7 +503,7 @@ class _MappedArg:
         es = get_element_size(meta["dtype"])
         extent = (1 + sum((s - 1) * t for s, t in zip(meta["shape"], meta["strides"]))) * es
         view = array[off : off + extent]
-        self.buffer = memoryview(view) if meta["writable"] else memoryview(view).toreadonly()
+        self.buffer = view.data if meta["writable"] else view.data.toreadonly()
         self.shapes = tuple(meta["shape"])
         self.strides = tuple(meta["strides"])
         self.dtype = meta["dtype"]

@@ -11,7 +11,7 @@ are accepted and ignored. Markers: ``platforms``, ``device_count``, ``manual``, 
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Set
 
 import pytest
 
@@ -64,7 +64,7 @@ def pytest_configure(config: Any) -> None:
 
 def device_list(spec: str) -> List[int]:
     """``0``, ``0-3``, ``0,2,5`` or mixes, sorted and without duplicates."""
-    out = set()
+    out: Set[int] = set()
     for part in str(spec).split(","):
         part = part.strip()
         if not part:
@@ -93,7 +93,8 @@ def pytest_collection_modifyitems(config: Any, items: List[Any]) -> None:
     manual = config.getoption("--manual")
     runtime = config.getoption("--runtime")
     level = config.getoption("--level")
-    keep, drop = [], []
+    keep: List[Any] = []
+    drop: List[Any] = []
     for item in items:
         cls = getattr(item, "cls", None)
         cases = getattr(cls, "CASES", None) if cls is not None else None
@@ -179,7 +180,7 @@ def st_device_ids(request: Any, device_pool: DevicePool) -> Iterator[List[int]]:
 def st_worker(request: Any, st_platform: str, device_pool: DevicePool) -> Iterator[Any]:
     """The class's Worker: as many chips as its cases need at most, its callables compiled and
     registered."""
-    from simpler.worker import Worker
+    from ._worker import Worker
 
     cls = request.cls
     cases = getattr(cls, "CASES", [])

@@ -1,28 +1,3 @@
-"""``simpler_setup.torch_interop`` on pto."""
+"""``simpler_setup.torch_interop`` on pto: see :mod:`pto.simpler._torch`."""
 
-from __future__ import annotations
-
-from typing import Any
-
-from pto.simpler._types import DataType, Tensor
-from pto.simpler._worker import _TORCH_DTYPES
-
-
-def torch_dtype_to_datatype(dt: Any) -> DataType:
-    code = _TORCH_DTYPES.get(str(dt))
-    if code is None or code == 11:
-        raise KeyError(f"torch dtype {dt} has no simpler DataType")
-    return DataType(code)
-
-
-def make_tensor_arg(worker: Any, tensor: Any) -> Tensor:
-    """A task argument over a CPU, contiguous torch tensor."""
-    if str(getattr(tensor, "device", "cpu")) != "cpu":
-        raise ValueError(f"make_tensor_arg: the tensor is on {tensor.device}, not the CPU")
-    if not tensor.is_contiguous():
-        raise ValueError("make_tensor_arg: the tensor is not contiguous")
-    try:
-        dt = torch_dtype_to_datatype(tensor.dtype)
-    except KeyError as e:
-        raise ValueError(str(e)) from None
-    return worker.make_tensor_arg(tensor, shapes=tuple(tensor.shape), dtype=int(dt.value))
+from pto.simpler._torch import make_tensor_arg, torch_dtype_to_datatype  # noqa: F401
