@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 # Measured on this machine for issue 48 (upstream 6ebaf7715, its a2a3sim), for when upstream's
 # build is not at hand.
@@ -47,13 +47,29 @@ def emit(args: Any, row: Dict[str, Any]) -> None:
         print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
 
 
+LAST_OUTPUT = [""]
+
+
 def timed(cmd: List[str], cwd: str, env: Optional[Dict[str, str]] = None, timeout: float = 900) -> float:
     t = time.monotonic()
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     took = time.monotonic() - t
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    LAST_OUTPUT[0] = r.stdout + r.stderr
     return took
+
+
+def upstream_chip_runs(text: str) -> List[float]:
+    """The durations (ms) of upstream's per-chip ``chip.run`` spans in its timing output."""
+    out = []
+    for line in text.splitlines():
+        if " name=chip.run " in line and " dur=" in line:
+            try:
+                out.append(int(line.split(" dur=", 1)[1].split()[0]) / 1e6)
+            except ValueError:
+                pass
+    return out
 
 
 CHIP_RUN = r'''
@@ -115,6 +131,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--simpler", required=True, help="a checkout of simpler")
     p.add_argument("--upstream-python", default=None, help="a Python with upstream's own simpler build")
+    p.add_argument("--upstream-path", default="", help="folders to put first on PATH for upstream (its g++-15)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -123,6 +140,9 @@ def main() -> int:
         raise SystemExit("set PTO_ISA_ROOT to your pto-isa checkout")
     py = sys.executable
     env = dict(os.environ, SIMPLER_ROOT=root, REPS="30")
+    uenv = dict(os.environ)
+    if args.upstream_path:
+        uenv["PATH"] = args.upstream_path + os.pathsep + uenv.get("PATH", "")
     # Warm the build cache.
     timed([py, "-m", "pto.simpler", "examples/workers/l3/allreduce/main.py", "-p", "a2a3sim", "-d", "0-1"], root)
 
@@ -134,9 +154,17 @@ def main() -> int:
     if r.returncode != 0:
         raise SystemExit(r.stdout + r.stderr)
     chip = json.loads(r.stdout.strip().splitlines()[-1])
+    uruns: List[float] = []
+    if args.upstream_python:
+        ex = [args.upstream_python, "examples/workers/l3/allreduce/main.py", "-p", "a2a3sim", "-d", "0-1"]
+        timed(ex, root, uenv)
+        for _ in range(3):
+            timed(ex, root, uenv)
+            uruns += upstream_chip_runs(LAST_OUTPUT[0])
     emit(args, {"bench": "simpler_chip_run", "program": "allreduce 2 chips", "pto_median_ms": round(chip["median_ms"], 3),
-                "pto_min_ms": round(chip["min_ms"], 3), "target_ms": 2.0, "upstream_ms": RECORDED["chip_run_ms"],
-                "upstream": "recorded"})
+                "pto_min_ms": round(chip["min_ms"], 3), "target_ms": 2.0,
+                "upstream_ms": round(statistics.median(uruns), 1) if uruns else RECORDED["chip_run_ms"],
+                "upstream": "same run (median chip.run span)" if uruns else "recorded"})
 
     # 2. the whole script beside `import torch`, alternating.
     script, torch_imp, up = [], [], []
@@ -144,7 +172,7 @@ def main() -> int:
         script.append(timed([py, "-m", "pto.simpler", "examples/workers/l3/allreduce/main.py", "-p", "a2a3sim", "-d", "0-1"], root))
         torch_imp.append(timed([py, "-c", "import torch"], root))
         if args.upstream_python:
-            up.append(timed([args.upstream_python, "examples/workers/l3/allreduce/main.py", "-p", "a2a3sim", "-d", "0-1"], root))
+            up.append(timed([args.upstream_python, "examples/workers/l3/allreduce/main.py", "-p", "a2a3sim", "-d", "0-1"], root, uenv))
     s, ti = statistics.median(script), statistics.median(torch_imp)
     emit(args, {"bench": "simpler_allreduce_script", "pto_s": round(s, 3), "import_torch_s": round(ti, 3),
                 "over_torch_s": round(s - ti, 3), "target_over_torch_s": 0.5,
@@ -159,21 +187,36 @@ def main() -> int:
     u = None
     if args.upstream_python:
         u = timed([args.upstream_python, "-m", "pytest", "tests/st/worker/collectives/allreduce", "--platform", "a2a3sim",
-                   "--device", "0-3", "--manual", "include", "-q"], root, timeout=1800)
+                   "--device", "0-3", "--manual", "include", "-q"], root, uenv, timeout=1800)
     base = u if u is not None else RECORDED["allreduce_scene_tests_s"]
     emit(args, {"bench": "simpler_allreduce_scene_tests", "pto_s": round(t, 3), "upstream_s": round(base, 3),
                 "speedup": round(base / t, 1), "target_speedup": 10, "upstream": "same run" if u is not None else "recorded"})
 
     # 4. eight copies of domain_rank_map at once.
-    t0 = time.monotonic()
-    procs = [subprocess.Popen([py, "-m", "pto.simpler", "examples/workers/l3/domain_rank_map/main.py", "-p", "a2a3sim",
-                               "-d", "0-2"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(8)]
-    outs = [p_.communicate(timeout=900)[0] for p_ in procs]
-    wall = time.monotonic() - t0
-    ok = sum(1 for p_, o in zip(procs, outs) if p_.returncode == 0 and "communication checks PASSED" in o)
-    emit(args, {"bench": "simpler_oversubscribed", "copies": 8, "chips": 24, "cpus": os.cpu_count(), "passed": ok,
-                "wall_s": round(wall, 2), "upstream": RECORDED["oversubscribed"]})
+    def eight(cmd: List[str], e: Optional[Dict[str, str]], limit: float) -> Tuple[int, float]:
+        t0 = time.monotonic()
+        procs = [subprocess.Popen(cmd, cwd=root, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for _ in range(8)]
+        done = 0
+        for p_ in procs:
+            try:
+                o = p_.communicate(timeout=max(1.0, limit - (time.monotonic() - t0)))[0]
+                done += p_.returncode == 0 and "communication checks PASSED" in o
+            except subprocess.TimeoutExpired:
+                p_.kill()
+                p_.communicate()
+        return done, time.monotonic() - t0
+
+    drm = ["examples/workers/l3/domain_rank_map/main.py", "-p", "a2a3sim", "-d", "0-2"]
+    ok, wall = eight([py, "-m", "pto.simpler", *drm], None, 900)
+    row: Dict[str, Any] = {"bench": "simpler_oversubscribed", "copies": 8, "chips": 24, "cpus": os.cpu_count(),
+                           "pto_passed": ok, "pto_wall_s": round(wall, 2)}
+    if args.upstream_python:
+        uok, uwall = eight([args.upstream_python, *drm], uenv, 600)
+        row.update(upstream_passed=uok, upstream_wall_s=round(uwall, 2), upstream="same run (600 s limit)")
+    else:
+        row.update(upstream=RECORDED["oversubscribed"])
+    emit(args, row)
     return 0 if ok == 8 else 1
 
 
