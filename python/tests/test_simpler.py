@@ -61,6 +61,12 @@ def test_two_callables_linked_by_a_tensor_and_a_sub_worker_that_checks(tmp_path)
     assert "[chain] matched golden" in r.stdout
 
 
+def test_chip_memory_is_copied_in_and_out_kept_across_runs_and_freed(tmp_path):
+    r = _run(tmp_path, HERE / "device_driver.py")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[device] matched golden" in r.stdout
+
+
 def test_a_second_run_compiles_nothing(tmp_path):
     r = _run(tmp_path, HERE / "allreduce_driver.py")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -9,7 +9,7 @@ use crate::abi::INVALID_TASK;
 use crate::library;
 use crate::request::{self, ArgTensor, Request, RunRequest, DOMAIN_ROW};
 use crate::runtime::{descriptor, dtype_of, Kernel, Session};
-use crate::{domain, SimplerError};
+use crate::{device, domain, SimplerError};
 
 fn orch_err(e: SimplerError) -> OrchError {
     OrchError::Other(e.to_string())
@@ -51,6 +51,24 @@ pub fn chip_program(orch: &mut Orch<'_>, call: &ChipCall) -> Result<(), OrchErro
             orch.write(&mine, &row)
         }
         Request::FreeDomain { id } => domain::free(id).map_err(orch_err),
+        Request::AllocDevice { id, nbytes } => {
+            let addr = device::alloc(id, nbytes).map_err(orch_err)?;
+            orch.write(call.tensor(1)?, &[addr])
+        }
+        Request::FreeDevice { id } => device::free(id).map_err(orch_err),
+        Request::CopyTo { id, offset, index } => {
+            let src = call.tensor(index)?;
+            let bytes = orch.read_bytes(src)?;
+            let dst = device::bytes(id, offset, bytes.len() as u64).map_err(orch_err)?;
+            orch.write_bytes(&dst, &bytes)
+        }
+        Request::CopyFrom { id, offset, index } => {
+            let dst = call.tensor(index)?;
+            let (s0, e0) = dst.region().byte_range();
+            let src = device::bytes(id, offset, (e0 - s0) as u64).map_err(orch_err)?;
+            let bytes = orch.read_bytes(&src)?;
+            orch.write_bytes(dst, &bytes)
+        }
     }
 }
 
@@ -111,7 +129,7 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
     }
     let (aic, aiv) = orch.core_counts();
     let mut session = Session::new(orch, call.rank, c.name.clone(), kernels, (aic, aiv));
-    for (buffer, base, len) in domain::all_parts() {
+    for (buffer, base, len) in domain::all_parts().into_iter().chain(device::all()) {
         session.add_region(buffer, base, len);
     }
     let mut tensors = Vec::with_capacity(member.tensors.len());
@@ -144,6 +162,27 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
                     t.buffer().len(),
                 );
                 descriptor(host_addr(t) + offset, &shape, code, INVALID_TASK)
+            }
+            ArgTensor::Device {
+                id,
+                offset,
+                shape,
+                dtype,
+            } => {
+                let (_, base, len) = device::get(*id).ok_or_else(|| {
+                    fail(format!(
+                        "tensor {i}: chip memory #{id} is not allocated on this chip"
+                    ))
+                })?;
+                let (code, dt) = dtype_of(dtype).map_err(|e| fail(format!("tensor {i}: {e}")))?;
+                let shape: Vec<usize> = shape.iter().map(|&s| s as usize).collect();
+                let need = Tensor::byte_size(&shape, dt).map_err(|e| fail(e.to_string()))?;
+                if offset + need as u64 > len as u64 {
+                    return Err(fail(format!(
+                        "tensor {i}: {need} bytes at offset {offset} do not fit chip memory #{id} of {len} bytes"
+                    )));
+                }
+                descriptor(base + offset, &shape, code, INVALID_TASK)
             }
             ArgTensor::Window {
                 domain: id,

@@ -32,6 +32,7 @@
 //! | `runtime` | a run: submits, dependencies, scopes, in safe Rust |
 //! | `kernel` | the registry kernels that call compiled kernels |
 //! | `domain` | communication domains and their `CommContext`s |
+//! | `device` | chip memory the host allocated (`alloc_child_tensor`) |
 //! | `library` | `dlopen` and symbols. **unsafe** (FFI) |
 //! | `entry` | the operations table and the calls into C++. **unsafe** (FFI) |
 
@@ -40,6 +41,7 @@
 
 mod abi;
 mod chip;
+mod device;
 mod domain;
 mod entry;
 pub mod kernel;
@@ -96,6 +98,14 @@ pub enum SimplerError {
     Domain {
         /// Its name.
         name: String,
+        /// Why.
+        why: String,
+    },
+    /// Chip memory could not be allocated, found or copied.
+    #[error("chip memory #{id}: {why}")]
+    Device {
+        /// The host's id of the allocation.
+        id: u64,
         /// Why.
         why: String,
     },

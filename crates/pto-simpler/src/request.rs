@@ -20,6 +20,39 @@ pub enum Request {
         /// The domain's id.
         id: u64,
     },
+    /// Allocate `nbytes` of zeroed chip memory as `id`; its address goes to the task's second
+    /// tensor (one `u64`).
+    AllocDevice {
+        /// The host's id for it.
+        id: u64,
+        /// Its size.
+        nbytes: u64,
+    },
+    /// Free chip memory `id`.
+    FreeDevice {
+        /// The host's id.
+        id: u64,
+    },
+    /// Copy the task's host tensor `index` into chip memory `id` at byte `offset`.
+    CopyTo {
+        /// The chip memory.
+        id: u64,
+        /// Byte offset in it.
+        #[serde(default)]
+        offset: u64,
+        /// The host tensor (index among the task's tensors).
+        index: usize,
+    },
+    /// Copy chip memory `id` from byte `offset` into the task's host tensor `index`.
+    CopyFrom {
+        /// The chip memory.
+        id: u64,
+        /// Byte offset in it.
+        #[serde(default)]
+        offset: u64,
+        /// The host tensor (index among the task's tensors).
+        index: usize,
+    },
 }
 
 /// A compiled callable: the orchestration library and its kernels by func_id.
@@ -86,6 +119,17 @@ pub enum ArgTensor {
         index: usize,
         /// Byte offset of the tensor in that host tensor.
         #[serde(default)]
+        offset: u64,
+        /// Shape (elements).
+        shape: Vec<u32>,
+        /// simpler dtype name.
+        dtype: String,
+    },
+    /// Chip memory the host allocated on this chip.
+    Device {
+        /// The host's id of the allocation.
+        id: u64,
+        /// Byte offset of the tensor in it.
         offset: u64,
         /// Shape (elements).
         shape: Vec<u32>,

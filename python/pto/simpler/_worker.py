@@ -316,6 +316,26 @@ class Worker:
         self._live_names[name] = h
         return h
 
+    def _alloc_device(self, worker: int, shapes: Sequence[int], dtype: Any) -> Buffer:
+        n = max(1, len(self.device_ids))
+        if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < n:
+            raise ValueError(f"alloc_child_tensor: worker_id {worker!r} is not a chip of this Worker (0 to {n - 1})")
+        code = dtype_code(dtype)
+        count = 1
+        for s in shapes:
+            if int(s) <= 0:
+                raise ValueError(f"alloc_child_tensor: shapes must be positive, not {tuple(shapes)}")
+            count *= int(s)
+        nbytes = count * get_element_size(code)
+        ident = next(self._ids)
+        out = self._require().buffer(1, "uint64")
+        self._control([worker], {"op": "alloc_device", "id": ident, "nbytes": nbytes}, out)
+        b = Buffer(DEVICE, nbytes, int(out[0]), READWRITE, worker, domain=ident)
+        # The host orders the tasks that use it through this token (chip memory is not the
+        # host's to see).
+        b._token = self._require().buffer(8, "uint8")  # type: ignore[attr-defined]
+        return b
+
     def _free_domains(self, domains: List[CommDomainHandle]) -> None:
         errors = []
         for h in domains:
@@ -358,6 +378,21 @@ class Worker:
             return staged[key][1]
 
         for kind, item in items:
+            if kind in ("copy_to", "copy_from", "free_device"):
+                dev, host_buf = item
+                copy: List[Tuple[np.ndarray, str]]
+                if kind == "free_device":
+                    req: Dict[str, Any] = {"op": "free_device", "id": dev._domain}
+                    copy = [(dev._token, "inout")]
+                elif kind == "copy_to":
+                    req = {"op": "copy_to", "id": dev._domain, "index": 1}
+                    copy = [(host_array(host_buf, False), "in"), (dev._token, "inout")]
+                else:
+                    req = {"op": "copy_from", "id": dev._domain, "index": 1}
+                    copy = [(host_array(host_buf, True), "out"), (dev._token, "in")]
+                requests.append(json.dumps(req).encode())
+                plans.append(("chip", [dev.owner_worker_id], copy))
+                continue
             if kind == "sub":
                 handle, args = item
                 arrays: List[Tuple[np.ndarray, str]] = []
@@ -392,7 +427,13 @@ class Worker:
                         tensors.append({"kind": "window", "domain": b._domain, "offset": b._window_offset + t.byte_offset,
                                         "shape": list(t.shapes), "dtype": dtype_name(t.dtype)})
                     elif b.kind == DEVICE:
-                        raise ValueError(f"tensor {i}: chip memory from alloc_child_tensor is not supported by pto yet")
+                        if b.owner_worker_id != chip:
+                            raise ValueError(
+                                f"tensor {i}: chip memory of chip {b.owner_worker_id}, submitted to chip {chip}"
+                            )
+                        tensors.append({"kind": "device", "id": b._domain, "offset": t.byte_offset,
+                                        "shape": list(t.shapes), "dtype": dtype_name(t.dtype)})
+                        _merge(arrays, b._token, tag)  # type: ignore[attr-defined]
                     else:
                         arr = host_array(b, tag in _WRITE_TAGS)
                         # The chip task's tensor 0 is the request itself.
@@ -597,17 +638,42 @@ class Orchestrator:
         self._domains.append(h)
         return h
 
-    def _unsupported(self, what: str) -> None:
-        raise NotImplementedError(f"orch.{what}: chip memory allocation is not supported by pto's bridge yet")
+    def alloc_child_tensor(self, worker_id: int, shapes: Sequence[int], dtype: Any) -> Buffer:
+        """Chip memory on chip ``worker_id`` (zeroed), allocated now; it lives until ``free`` or
+        the Worker's close, across runs."""
+        self._open()
+        return self._w._alloc_device(worker_id, shapes, dtype)
 
-    def alloc_child_tensor(self, worker_id: int, shapes: Sequence[int], dtype: Any) -> Any:
-        self._unsupported("alloc_child_tensor")
+    @staticmethod
+    def _host(b: Any, what: str) -> Buffer:
+        if not isinstance(b, Buffer) or b.kind not in (HOST, STAGED):
+            raise TypeError(f"{what}: the host side must be a Buffer from create_buffer")
+        return b
+
+    @staticmethod
+    def _device(b: Any, what: str) -> Buffer:
+        if not isinstance(b, Buffer) or b.kind != DEVICE:
+            raise TypeError(f"{what}: the chip side must be a Buffer from alloc_child_tensor")
+        return b
 
     def copy_to(self, dst: Any, src: Any) -> None:
-        self._unsupported("copy_to")
+        """Copies host buffer ``src`` into chip memory ``dst`` (a task on its chip, ordered with
+        the tasks that use ``dst``)."""
+        self._open()
+        d, s = self._device(dst, "copy_to"), self._host(src, "copy_to")
+        if s.nbytes > d.nbytes:
+            raise ValueError(f"copy_to: {s.nbytes} bytes do not fit chip memory of {d.nbytes}")
+        self._items.append(("copy_to", (d, s)))
 
     def copy_from(self, dst: Any, src: Any) -> None:
-        self._unsupported("copy_from")
+        """Copies chip memory ``src`` into host buffer ``dst``."""
+        self._open()
+        s, d = self._device(src, "copy_from"), self._host(dst, "copy_from")
+        if d.nbytes > s.nbytes:
+            raise ValueError(f"copy_from: {d.nbytes} bytes are more than chip memory of {s.nbytes}")
+        self._items.append(("copy_from", (s, d)))
 
-    def malloc(self, *a: Any, **k: Any) -> Any:
-        self._unsupported("malloc")
+    def free(self, handle: Any) -> None:
+        """Frees chip memory (after the tasks submitted before that use it)."""
+        self._open()
+        self._items.append(("free_device", (self._device(handle, "free"), None)))
