@@ -146,6 +146,7 @@ class Worker:
         self._host: List[Buffer] = []
         self._memo: Dict[Tuple[int, int], Buffer] = {}
         self._arena: Optional[np.ndarray] = None
+        self._chip_tokens: Dict[int, np.ndarray] = {}
 
     # -- registration and life cycle ------------------------------------------------------
 
@@ -330,11 +331,9 @@ class Worker:
         ident = next(self._ids)
         out = self._require().buffer(1, "uint64")
         self._control([worker], {"op": "alloc_device", "id": ident, "nbytes": nbytes}, out)
-        b = Buffer(DEVICE, nbytes, int(out[0]), READWRITE, worker, domain=ident)
-        # The host orders the tasks that use it through this token (chip memory is not the
-        # host's to see).
-        b._token = self._require().buffer(8, "uint8")  # type: ignore[attr-defined]
-        return b
+        # Tasks that use it are ordered by its chip's task order (chip memory is not the host's
+        # to see).
+        return Buffer(DEVICE, nbytes, int(out[0]), READWRITE, worker, domain=ident)
 
     def _free_domains(self, domains: List[CommDomainHandle]) -> None:
         errors = []
@@ -377,21 +376,32 @@ class Worker:
                 staged[key] = (staged[key][0], staged[key][1], True)
             return staged[key][1]
 
+        # A chip runs its tasks one at a time in submission order (simpler's per-worker queue):
+        # every chip task takes its chip's order token INOUT. A group is one task per member, so
+        # a member that finishes frees its chip while another member still runs.
+        def token(chip: int) -> np.ndarray:
+            tok = self._chip_tokens.get(chip)
+            if tok is None:
+                tok = pw.buffer(8, "uint8")
+                self._chip_tokens[chip] = tok
+            return tok
+
         for kind, item in items:
             if kind in ("copy_to", "copy_from", "free_device"):
                 dev, host_buf = item
+                chip = dev.owner_worker_id
                 copy: List[Tuple[np.ndarray, str]]
                 if kind == "free_device":
                     req: Dict[str, Any] = {"op": "free_device", "id": dev._domain}
-                    copy = [(dev._token, "inout")]
+                    copy = [(token(chip), "inout")]
                 elif kind == "copy_to":
                     req = {"op": "copy_to", "id": dev._domain, "index": 1}
-                    copy = [(host_array(host_buf, False), "in"), (dev._token, "inout")]
+                    copy = [(host_array(host_buf, False), "in"), (token(chip), "inout")]
                 else:
                     req = {"op": "copy_from", "id": dev._domain, "index": 1}
-                    copy = [(host_array(host_buf, True), "out"), (dev._token, "in")]
+                    copy = [(host_array(host_buf, True), "out"), (token(chip), "inout")]
                 requests.append(json.dumps(req).encode())
-                plans.append(("chip", [dev.owner_worker_id], copy))
+                plans.append(("chip", chip, copy))
                 continue
             if kind == "sub":
                 handle, args = item
@@ -404,16 +414,18 @@ class Worker:
                     arr = host_array(t.buffer, tag in _WRITE_TAGS)
                     idx = _merge(arrays, arr, tag)
                     metas.append({"index": idx, "offset": t.byte_offset, "shape": list(t.shapes),
-                                  "strides": list(t.strides), "dtype": t.dtype, "writable": tag in _WRITE_TAGS})
+                                  "strides": list(t.strides), "dtype": t.dtype,
+                                  "writable": tag in _WRITE_TAGS})
                 scalars = [args.scalar(i) for i in range(args.scalar_count())] if args is not None else []
                 requests.append(json.dumps({"handle": handle.index, "tensors": metas, "scalars": scalars}).encode())
                 plans.append(("sub", None, arrays))
                 continue
-            handle, members, group = item
-            arrays = []
-            margs = []
+            handle, members, _group = item
+            callable_request = self._callable_request(handle)
             for chip, args in members:
-                tensors = []
+                tensors: List[Dict[str, Any]] = []
+                # Host tensors by their array: the bytes this member touches, and how.
+                spans: Dict[int, List[Any]] = {}
                 for i in range(args.tensor_count()):
                     t, tag = args.tensor(i), args.tag(i)
                     b = t.buffer
@@ -433,17 +445,36 @@ class Worker:
                             )
                         tensors.append({"kind": "device", "id": b._domain, "offset": t.byte_offset,
                                         "shape": list(t.shapes), "dtype": dtype_name(t.dtype)})
-                        _merge(arrays, b._token, tag)  # type: ignore[attr-defined]
                     else:
                         arr = host_array(b, tag in _WRITE_TAGS)
-                        # The chip task's tensor 0 is the request itself.
-                        idx = 1 + _merge(arrays, arr, tag)
-                        tensors.append({"kind": "host", "index": idx, "offset": t.byte_offset,
+                        start = t.byte_offset
+                        end = start + t.nbytes
+                        span = spans.setdefault(id(arr), [arr, start, end, []])
+                        span[1], span[2] = min(span[1], start), max(span[2], end)
+                        span[3].append(tag)
+                        tensors.append({"kind": "host", "span": id(arr), "offset": start,
                                         "shape": list(t.shapes), "dtype": dtype_name(t.dtype)})
+                # Each member depends on the bytes it touches only (members of a group often
+                # write disjoint parts of one host tensor, and must not wait for each other).
+                arrays = [(token(chip), "inout")]
+                index: Dict[int, Tuple[int, int]] = {}
+                for key, (arr, start, end, tags) in spans.items():
+                    view = arr.view(np.uint8)[start:end]
+                    slot: List[Tuple[np.ndarray, str]] = []
+                    for tag in tags:
+                        _merge(slot, view, tag)
+                    arrays.append(slot[0])
+                    # The chip task's tensor 0 is the request itself.
+                    index[key] = (len(arrays), start)
+                for tdesc in tensors:
+                    if tdesc["kind"] == "host":
+                        at, start = index[tdesc.pop("span")]
+                        tdesc["index"] = at
+                        tdesc["offset"] -= start
                 scalars = [args.scalar(i) for i in range(args.scalar_count())]
-                margs.append({"chip": chip, "tensors": tensors, "scalars": scalars})
-            requests.append(json.dumps({"op": "run", "callable": self._callable_request(handle), "members": margs}).encode())
-            plans.append(("group" if group else "chip", [c for c, _ in members], arrays))
+                margs = [{"chip": chip, "tensors": tensors, "scalars": scalars}]
+                requests.append(json.dumps({"op": "run", "callable": callable_request, "members": margs}).encode())
+                plans.append(("chip", chip, arrays))
         # One arena for every request of the run; each task reads its own slice.
         total = sum(len(r) + 8 for r in requests)
         if self._arena is None or self._arena.size < total:
@@ -464,10 +495,8 @@ class Worker:
                 a = [pto.IN(view)] + [_MODES[m](arr) for arr, m in arrays]
                 if kind == "sub":
                     h.submit_sub(_SUB, a)
-                elif kind == "group":
-                    h.submit_group(chips, _PROGRAM, a)
                 else:
-                    h.submit_chip(chips[0], _PROGRAM, a)
+                    h.submit_chip(chips, _PROGRAM, a)
 
         pw.run(orch)
         for b, arr, writes in staged.values():
