@@ -54,6 +54,22 @@ def test_an_allreduce_driver_on_four_chips_with_torch_shared_tensors(tmp_path):
     assert "4 ranks matched golden" in r.stdout
 
 
+def test_group_members_writing_rows_of_one_output_run_together(tmp_path):
+    # The members wait for each other inside the kernel: had one waited for the other's write
+    # of the shared output to finish, the kernel would give up after 20 s.
+    r = _run(tmp_path, HERE / "allreduce_driver.py", "-p", "a2a3sim", "-d", "0-2", "--one-output")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "3 ranks matched golden" in r.stdout
+
+
+def test_each_chip_runs_its_tasks_in_submission_order_and_groups_reserve_only_their_chips(tmp_path):
+    # As simpler's group_reservation scene: a single task waits behind a group on its chip, and
+    # a group member that waits does not hold up an unrelated chip.
+    r = _run(tmp_path, HERE / "reserve_driver.py")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "every task ran in its chip's order" in r.stdout
+
+
 def test_two_callables_linked_by_a_tensor_and_a_sub_worker_that_checks(tmp_path):
     r = _run(tmp_path, HERE / "chain_driver.py")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -41,6 +41,7 @@ def main():
     p.add_argument("-d", "--device", default="0-1")
     p.add_argument("--torch", action="store_true")
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--one-output", action="store_true", help="every rank writes its row of one shared output")
     a = p.parse_args()
     lo, _, hi = a.device.partition("-")
     ids = list(range(int(lo), int(hi or lo) + 1))
@@ -58,6 +59,9 @@ def main():
     h = w.register(callable_)
     try:
         w.init()
+        if a.one_output:
+            shared = w.create_buffer(n * COUNT * 4)
+            rows = np.frombuffer(shared.shm.buf, dtype=np.float32).reshape(n, COUNT)
 
         def orch(o, _args, cfg):
             nbytes = COUNT * 4 + 64 * 4
@@ -67,7 +71,11 @@ def main():
                 for r in range(n):
                     t = TaskArgs()
                     t.add_tensor(w.make_tensor_arg(ins[r], shapes=(COUNT,), dtype=DataType.FLOAT32), TensorArgType.INPUT)
-                    t.add_tensor(w.make_tensor_arg(outs[r], shapes=(COUNT,), dtype=DataType.FLOAT32), TensorArgType.OUTPUT_EXISTING)
+                    if a.one_output:
+                        out = shared.tensor((COUNT,), DataType.FLOAT32, byte_offset=r * COUNT * 4)
+                    else:
+                        out = w.make_tensor_arg(outs[r], shapes=(COUNT,), dtype=DataType.FLOAT32)
+                    t.add_tensor(out, TensorArgType.OUTPUT_EXISTING)
                     t.add_tensor(d[r].buffers["scratch"].tensor((COUNT + 64,), DataType.FLOAT32), TensorArgType.INOUT)
                     t.add_scalar(d[r].domain_size)
                     t.add_scalar(d[r].device_ctx)
@@ -77,7 +85,7 @@ def main():
         for _ in range(a.runs):
             w.run(orch, args=None, config=CallConfig())
             for r in range(n):
-                got = np.asarray(outs[r])
+                got = rows[r] if a.one_output else np.asarray(outs[r])
                 want = np.array([n * i + 100 * n * (n - 1) // 2 for i in range(COUNT)], dtype=np.float32)
                 if not np.array_equal(got, want):
                     print(f"[allreduce] rank {r}: got {got[:4]}, want {want[:4]}")
