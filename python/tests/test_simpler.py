@@ -116,7 +116,9 @@ def test_the_scene_test_plugin_collects_runs_and_compares(tmp_path):
         ("func", ["func_id 7 is not a kernel"]),
         ("count", ["scale_config expects 2 arguments, the task has 3"]),
         ("noentry", ["no symbol kernel_entry"]),
-        ("crash", ["chip 0", "signal 6"]),
+        ("crash", ["chip 0", "signal 6", "crash_kernel.cpp (func_id 0) of callable scale_entry, task 0 crashed: SIGABRT"]),
+        ("segv", ["chip 0", "signal 11", "segv_kernel.cpp (func_id 0) of callable scale_entry, task 0 crashed: SIGSEGV"]),
+        ("orchsegv", ["chip 0", "signal 11", "orchestration segv_entry (", "fatal_orch.cpp) of callable segv_entry crashed: SIGSEGV"]),
         ("raise", ["ValueError: ibing mode is only supported for nranks=2"]),
         ("platform", ["pto compiles for the simulator platforms", "a2a3sim"]),
     ],
@@ -127,6 +129,10 @@ def test_failures_are_python_exceptions_that_name_their_cause(tmp_path, mode, wo
     for w in words:
         assert w in r.stderr, f"{w!r} not in:\n{r.stderr}"
     assert "panicked" not in r.stderr
+    if "crashed:" in words[-1]:
+        # The note is in the exception, not only in the dying chip's own stderr line.
+        exc = r.stderr[r.stderr.rindex("pto.WorkerError: ") :]
+        assert words[-1] in exc, r.stderr
 
 
 def test_clear_refusals_before_anything_runs(tmp_path):
@@ -145,3 +151,6 @@ def test_clear_refusals_before_anything_runs(tmp_path):
     assert r.returncode != 0 and "PTO_ISA_ROOT is not set" in r.stderr, r.stderr
     r = _run(tmp_path, script, PTO_ISA_ROOT=str(tmp_path))
     assert r.returncode != 0 and "is not a pto-isa checkout" in r.stderr, r.stderr
+    # Chips are always forked processes: asking for threads is refused, not ignored.
+    r = _run(tmp_path, HERE / "allreduce_driver.py", PTO_SIMPLER_BACKEND="local")
+    assert r.returncode != 0 and "PTO_SIMPLER_BACKEND=local" in r.stderr and "not supported" in r.stderr, r.stderr

@@ -23,6 +23,7 @@ fn orch_err(e: SimplerError) -> OrchError {
 /// A request that cannot be read, a library that cannot be loaded, an orchestration's fatal
 /// error, a domain that cannot be made: each names the callable, the chip and the cause.
 pub fn chip_program(orch: &mut Orch<'_>, call: &ChipCall) -> Result<(), OrchError> {
+    crate::entry::install_crash_notes(call.rank);
     let bytes = orch.read_bytes(call.tensor(0)?)?;
     let req = request::parse(&bytes).map_err(orch_err)?;
     match req {
@@ -209,6 +210,12 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
         tensors.push(d);
     }
     let given = tensors.len() + member.scalars.len();
+    let note = format!(
+        "orchestration {} ({}) of callable {}",
+        c.function, c.source, c.name
+    )
+    .into_bytes();
+    let _mark = crate::entry::Running::new(&note);
     if let Some(cfg) = config {
         let expected = crate::entry::call_orchestration(
             &mut session,

@@ -5,9 +5,11 @@
 
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::OnceLock;
 
 use pto_core::{FnCondition, Poll};
 
@@ -340,12 +342,14 @@ pub(crate) fn call_kernel(
     }
     args[LOCAL_CONTEXT_INDEX] = std::ptr::from_ref::<LocalContext>(&local) as i64;
     args[GLOBAL_CONTEXT_INDEX] = std::ptr::from_ref::<GlobalContext>(&global) as i64;
+    let mark = Running::new(&p.note);
     // SAFETY: `entry` is the kernel library's `kernel_entry` (kept loaded by the payload), called
     // as simpler's ABI defines it: an array of at least 50 slots whose tensor slots point to
     // descriptors and whose slots 48 and 49 point to the contexts, all alive for the call. What
     // the kernel does with the addresses inside the descriptors is the kernel's contract, as on
     // the device.
     unsafe { (p.entry)(args.as_mut_ptr()) };
+    drop(mark);
     // SAFETY: the slab is ours and the kernel has returned; it may have written it through
     // volatile pointers, so it is read the same way.
     let (count, code) = unsafe {
@@ -405,5 +409,140 @@ pub(crate) fn fill(d: &ChipTensor, value: u64) {
     for chunk in dst.chunks_mut(es) {
         let k = chunk.len();
         chunk.copy_from_slice(&bytes[..k]);
+    }
+}
+
+// ---- Crash notes -----------------------------------------------------------------------------
+//
+// A kernel or orchestration that crashes (SIGSEGV, SIGBUS, SIGFPE, SIGILL, abort) takes its chip
+// process with it; the host sees only the signal. So that the error names what crashed, each
+// thread that calls compiled code marks what it runs (`Running`), and a handler installed in the
+// chip process writes one line, "pto.simpler: chip C: <what> crashed: <signal>", to stderr and
+// to the file `$PTO_SIMPLER_NOTES/chip-C` (the Python layer adds it to the run's exception).
+// The handler then restores the previous disposition and returns: the fault recurs (or abort
+// raises again) and the process ends as it would have.
+
+/// The signals a crash in compiled code raises.
+const CRASH_SIGNALS: [libc::c_int; 5] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGABRT,
+];
+
+thread_local! {
+    /// What this thread runs in compiled code: a note's bytes (address and length), or null.
+    static RUNNING: Cell<(*const u8, usize)> = const { Cell::new((std::ptr::null(), 0)) };
+}
+
+/// The notes file (or -1), the line's prefix, and the dispositions the handler replaced.
+struct CrashNotes {
+    fd: AtomicI32,
+    prefix: Box<[u8]>,
+    previous: [libc::sigaction; CRASH_SIGNALS.len()],
+}
+
+static NOTES: OnceLock<CrashNotes> = OnceLock::new();
+
+/// Marks what the calling thread runs in compiled code while it lives (nests: the previous mark
+/// comes back when it drops). `note` must outlive it.
+pub(crate) struct Running<'a> {
+    previous: (*const u8, usize),
+    _note: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl<'a> Running<'a> {
+    pub(crate) fn new(note: &'a [u8]) -> Running<'a> {
+        let previous = RUNNING.with(|r| r.replace((note.as_ptr(), note.len())));
+        Running {
+            previous,
+            _note: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        RUNNING.with(|r| r.set(self.previous));
+    }
+}
+
+/// Installs the crash handler in this process (once; later calls do nothing). `chip` names the
+/// chip in the notes.
+pub(crate) fn install_crash_notes(chip: usize) {
+    NOTES.get_or_init(|| {
+        let fd = std::env::var_os("PTO_SIMPLER_NOTES")
+            .and_then(|dir| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(std::path::Path::new(&dir).join(format!("chip-{chip}")))
+                    .ok()
+            })
+            .map_or(-1, std::os::fd::IntoRawFd::into_raw_fd);
+        // SAFETY: a zeroed sigaction is a valid value (no handler, empty mask).
+        let mut previous: [libc::sigaction; CRASH_SIGNALS.len()] = unsafe { std::mem::zeroed() };
+        for (sig, old) in CRASH_SIGNALS.iter().zip(previous.iter_mut()) {
+            // SAFETY: reads the current disposition into `old`, which is valid to write.
+            unsafe { libc::sigaction(*sig, std::ptr::null(), old) };
+        }
+        CrashNotes {
+            fd: AtomicI32::new(fd),
+            prefix: format!("pto.simpler: chip {chip}: ").into_bytes().into(),
+            previous,
+        }
+    });
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        for sig in CRASH_SIGNALS {
+            // SAFETY: installs `on_crash`, which only reads `NOTES` (initialised above, before
+            // the handler can run), the thread's mark, and calls write(2) and sigaction(2),
+            // both async-signal-safe. SA_ONSTACK uses the thread's alternate stack when it has
+            // one (Rust's threads do, for stack overflows).
+            unsafe {
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = on_crash as extern "C" fn(libc::c_int) as usize;
+                act.sa_flags = libc::SA_ONSTACK;
+                libc::sigemptyset(&mut act.sa_mask);
+                libc::sigaction(sig, &act, std::ptr::null_mut());
+            }
+        }
+    });
+}
+
+fn signal_name(sig: libc::c_int) -> &'static [u8] {
+    match sig {
+        libc::SIGSEGV => b"SIGSEGV (a bad memory access)",
+        libc::SIGBUS => b"SIGBUS (a bad memory access)",
+        libc::SIGFPE => b"SIGFPE (an arithmetic fault)",
+        libc::SIGILL => b"SIGILL (an illegal instruction)",
+        libc::SIGABRT => b"SIGABRT (abort)",
+        _ => b"a signal",
+    }
+}
+
+extern "C" fn on_crash(sig: libc::c_int) {
+    let Some(notes) = NOTES.get() else { return };
+    let (ptr, len) = RUNNING.try_with(Cell::get).unwrap_or((std::ptr::null(), 0));
+    if !ptr.is_null() {
+        // SAFETY: a mark points to a note its `Running` keeps alive, and the thread that set it
+        // is the one running this handler (inside the call the mark covers).
+        let note = unsafe { std::slice::from_raw_parts(ptr, len) };
+        let parts: [&[u8]; 5] = [&notes.prefix, note, b" crashed: ", signal_name(sig), b"\n"];
+        for fd in [2, notes.fd.load(Ordering::Relaxed)] {
+            if fd < 0 {
+                continue;
+            }
+            for p in parts {
+                // SAFETY: write(2) of a valid buffer; async-signal-safe. A short or failed
+                // write loses part of the note, nothing else.
+                unsafe { libc::write(fd, p.as_ptr().cast(), p.len()) };
+            }
+        }
+    }
+    if let Some(i) = CRASH_SIGNALS.iter().position(|&s| s == sig) {
+        // SAFETY: restores the disposition saved at install; async-signal-safe.
+        unsafe { libc::sigaction(sig, &notes.previous[i], std::ptr::null_mut()) };
     }
 }

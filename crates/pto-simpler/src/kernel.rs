@@ -29,6 +29,8 @@ pub(crate) struct Payload {
     pub(crate) lib: Arc<Library>,
     pub(crate) func_id: i32,
     pub(crate) source: String,
+    /// What a crash in the kernel reports (its source, func_id, callable and task).
+    pub(crate) note: Box<[u8]>,
     /// Descriptors and tags, in argument order (OUTPUT slots are filled from the task's pto
     /// tensors when it runs).
     pub(crate) tensors: Vec<(ChipTensor, i32)>,

@@ -425,6 +425,12 @@ impl<'o, 'a> Session<'o, 'a> {
                     lib: k.lib.clone(),
                     func_id: func,
                     source: k.source.clone(),
+                    note: format!(
+                        "kernel {} (func_id {func}) of callable {}, task {me}",
+                        k.source, self.callable
+                    )
+                    .into_bytes()
+                    .into(),
                     tensors: descs.clone(),
                     scalars: s.scalars.clone(),
                     task_id: simpler_id,

@@ -16,6 +16,8 @@ import ctypes
 import itertools
 import json
 import os
+import shutil
+import tempfile
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -147,6 +149,7 @@ class Worker:
         self._memo: Dict[Tuple[int, int], Buffer] = {}
         self._arena: Optional[np.ndarray] = None
         self._chip_tokens: Dict[int, np.ndarray] = {}
+        self._notes = ""
 
     # -- registration and life cycle ------------------------------------------------------
 
@@ -177,18 +180,40 @@ class Worker:
             raise RuntimeError("Worker.init: already initialised")
         if self._closed:
             raise RuntimeError("Worker.init: the Worker is closed")
+        backend = os.environ.get("PTO_SIMPLER_BACKEND", "shm").strip() or "shm"
+        if backend == "local":
+            raise RuntimeError(
+                "PTO_SIMPLER_BACKEND=local: chips as threads in this process are not supported yet; "
+                "pto runs simpler's chips as forked processes over shared memory (unset it, or set it to shm)"
+            )
+        if backend != "shm":
+            raise ValueError(f"PTO_SIMPLER_BACKEND={backend!r}: pto.simpler runs on the shm backend (shm)")
         import pto
 
         c = _clusters()
         subs = {_SUB: self._sub_entry} if self.num_sub_workers else None
-        self._pw = pto.Worker(
-            chips=max(1, len(self.device_ids)),
-            cores=(c, 2 * c),
-            threads=3 * c,
-            sub_workers=self.num_sub_workers,
-            subs=subs,
-            comm=True,
-        )
+        # A chip whose compiled code crashes leaves a note here naming what crashed (the chips
+        # read the variable when they start: it is set only around the fork).
+        self._notes = tempfile.mkdtemp(prefix="pto-simpler-notes-")
+        saved = os.environ.get("PTO_SIMPLER_NOTES")
+        os.environ["PTO_SIMPLER_NOTES"] = self._notes
+        try:
+            self._pw = pto.Worker(
+                chips=max(1, len(self.device_ids)),
+                cores=(c, 2 * c),
+                threads=3 * c,
+                sub_workers=self.num_sub_workers,
+                subs=subs,
+                comm=True,
+            )
+        except BaseException:
+            shutil.rmtree(self._notes, ignore_errors=True)
+            raise
+        finally:
+            if saved is None:
+                os.environ.pop("PTO_SIMPLER_NOTES", None)
+            else:
+                os.environ["PTO_SIMPLER_NOTES"] = saved
 
     def close(self) -> None:
         """Ends the chips and sub-workers and frees their shared memory. Idempotent."""
@@ -196,8 +221,12 @@ class Worker:
             return
         self._closed = True
         pw, self._pw = self._pw, None
-        if pw is not None:
-            pw.close()
+        try:
+            if pw is not None:
+                pw.close()
+        finally:
+            if self._notes:
+                shutil.rmtree(self._notes, ignore_errors=True)
 
     def __enter__(self) -> "Worker":
         return self
@@ -274,7 +303,7 @@ class Worker:
         a: List[Any] = [pto.IN(arr)]
         if out is not None:
             a.append(pto.OUT(out))
-        pw.run(lambda h, _: h.submit_group(list(chips), _PROGRAM, a))
+        self._run(pw, lambda h, _: h.submit_group(list(chips), _PROGRAM, a))
 
     def _allocate_domain(self, name: str, workers: Sequence[int], window_size: int, buffers: Sequence[CommBufferSpec]) -> CommDomainHandle:
         workers = [int(w) for w in workers]
@@ -498,10 +527,37 @@ class Worker:
                 else:
                     h.submit_chip(chips, _PROGRAM, a)
 
-        pw.run(orch)
+        self._run(pw, orch)
         for b, arr, writes in staged.values():
             if writes:
                 ctypes.memmove(b.base, arr.__array_interface__["data"][0], b.nbytes)
+
+    def _run(self, pw: Any, orch: Callable[[Any, Any], None]) -> None:
+        """Runs ``orch`` on the pto Worker; a chip that crashed in compiled code adds its note
+        (what crashed: the kernel's source, func_id, callable and task) to the error."""
+        import pto
+
+        try:
+            pw.run(orch)
+        except pto.WorkerError as e:
+            notes = self._crash_notes()
+            if not notes:
+                raise
+            raise pto.WorkerError(f"{e}\n" + "\n".join(notes)) from e
+
+    def _crash_notes(self) -> List[str]:
+        out: List[str] = []
+        if not self._notes or not os.path.isdir(self._notes):
+            return out
+        for name in sorted(os.listdir(self._notes)):
+            path = os.path.join(self._notes, name)
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    out.extend(line.strip() for line in f if line.strip())
+                os.unlink(path)
+            except OSError:
+                continue
+        return out
 
     def _callable_request(self, handle: CallableHandle) -> Dict[str, Any]:
         c: ChipCallable = handle._target

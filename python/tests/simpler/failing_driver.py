@@ -15,9 +15,9 @@ MODE = sys.argv[1]
 if MODE == "platform":
     KernelCompiler(platform="a2a3")
 kc = KernelCompiler(platform="a2a3sim")
-kernel = {"crash": "crash_kernel.cpp", "noentry": "no_entry.cpp"}.get(MODE, "scale_kernel.cpp")
-entry = {"fatal": "fatal_entry", "throw": "throw_entry", "func": "bad_func_entry"}.get(MODE, "scale_entry")
-orch = "fatal_orch.cpp" if MODE in ("fatal", "throw", "func") else "scale_orch.cpp"
+kernel = {"crash": "crash_kernel.cpp", "segv": "segv_kernel.cpp", "noentry": "no_entry.cpp"}.get(MODE, "scale_kernel.cpp")
+entry = {"fatal": "fatal_entry", "throw": "throw_entry", "func": "bad_func_entry", "orchsegv": "segv_entry"}.get(MODE, "scale_entry")
+orch = "fatal_orch.cpp" if MODE in ("fatal", "throw", "func", "orchsegv") else "scale_orch.cpp"
 k = kc.compile_incore(os.path.join(PROGRAMS, kernel), core_type="aic", extra_include_dirs=[PROGRAMS])
 o = kc.compile_orchestration("tensormap_and_ringbuffer", os.path.join(PROGRAMS, orch))
 c = ChipCallable.build(signature=[], func_name=entry, config_name="scale_config" if MODE == "count" else "",

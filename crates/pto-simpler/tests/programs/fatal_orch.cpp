@@ -13,6 +13,12 @@ __attribute__((visibility("default"))) void throw_entry(const ChipTaskArgs &) {
     throw std::runtime_error("a C++ exception from the orchestration");
 }
 
+__attribute__((visibility("default"))) void segv_entry(const ChipTaskArgs &a) {
+    // A bug in the orchestration: it reads through a null pointer (volatile: the compiler keeps it).
+    volatile int *p = a.tensor_count() > 100 ? reinterpret_cast<int *>(8) : nullptr;
+    (void)*p;
+}
+
 __attribute__((visibility("default"))) void bad_func_entry(const ChipTaskArgs &a) {
     CoreTaskArgs p;
     p.add_input(a.tensor(0).ref());
