@@ -59,6 +59,7 @@ impl WorkerBuilder {
                 staging: Vec::new(),
                 collectives: None,
                 timeout_set: false,
+                in_process: false,
             },
             on_exit: None,
             check: false,
@@ -133,6 +134,16 @@ impl WorkerBuilder {
     /// Without communication (chips do not join a world).
     pub fn no_comm(mut self) -> Self {
         self.spec.comm = false;
+        self
+    }
+
+    /// Runs every child (chip and sub-worker) as threads of this process instead of forking it:
+    /// the same protocol over the same shared memory, in one process a debugger can hold. A
+    /// child that crashes then takes the whole process with it, and a child stuck in a kernel
+    /// cannot be killed (an abort or close leaves its thread behind); child Workers (L4) still
+    /// need a process of their own and are refused. The process may already have threads.
+    pub fn in_process(mut self) -> Self {
+        self.spec.in_process = true;
         self
     }
 
@@ -254,6 +265,11 @@ impl WorkerBuilder {
             ));
         }
         let spec = Arc::new(self.spec);
+        if spec.in_process && !spec.workers.is_empty() {
+            return Err(WorkerError::Args(
+                "child Workers (L4) need processes of their own: not with in_process".into(),
+            ));
+        }
         if spec.chips == 0 || spec.chips > pto_comm::MAX_RANKS {
             return Err(WorkerError::Args(format!(
                 "a Worker needs 1 to {} chips, not {}",

@@ -349,8 +349,8 @@ fn bring_up(
     ))
 }
 
-/// Runs a child in its `role` (a chip, a sub-worker or a child Worker) until the parent asks
-/// it to leave or is gone; never returns.
+/// Runs a forked child in its `role` (a chip, a sub-worker or a child Worker) until the parent
+/// asks it to leave or is gone; never returns.
 pub(crate) fn child_main(
     spec: &Spec,
     world: Option<&ShmWorld>,
@@ -358,9 +358,21 @@ pub(crate) fn child_main(
     role: Role,
     parent: u32,
 ) -> ! {
+    let _ = pto_shm::process::die_with_parent(parent);
+    pto_shm::process::exit_now(child_body(spec, world, lanes, role, parent))
+}
+
+/// A child's life (in a forked process, or on a thread of the Worker's process): bring-up,
+/// then frames until the parent asks it to leave or is gone. Returns its exit code.
+pub(crate) fn child_body(
+    spec: &Spec,
+    world: Option<&ShmWorld>,
+    lanes: &[Mailbox],
+    role: Role,
+    parent: u32,
+) -> i32 {
     // The first lane carries the bootstrap record; frames come on every lane in turn.
     let mailbox = &lanes[0];
-    let _ = pto_shm::process::die_with_parent(parent);
     let cache = SegmentCache::default();
     let mut inner = None;
     let state = match role {
@@ -376,7 +388,7 @@ pub(crate) fn child_main(
                     Cause::Timeout => "timeout: ",
                 };
                 mailbox.boot_error(1, &format!("{mark}{}", e.message));
-                pto_shm::process::exit_now(3);
+                return 3;
             }
         },
         Role::Sub => {
@@ -387,7 +399,7 @@ pub(crate) fn child_main(
             // This process is a fresh fork: single-threaded, so it may fork its own children.
             let Some(factory) = spec.workers.get(i) else {
                 mailbox.boot_error(1, &format!("child worker {i}: no factory"));
-                pto_shm::process::exit_now(3);
+                return 3;
             };
             match factory() {
                 Ok(w) => {
@@ -396,7 +408,7 @@ pub(crate) fn child_main(
                 }
                 Err(e) => {
                     mailbox.boot_error(1, &format!("child worker {i}: {e}"));
-                    pto_shm::process::exit_now(3);
+                    return 3;
                 }
             }
             None
@@ -445,7 +457,7 @@ pub(crate) fn child_main(
     // A child Worker shuts its own children down and removes its segments.
     drop(inner);
     drop(cache);
-    pto_shm::process::exit_now(0)
+    0
 }
 
 /// Runs one host-side function (a sub-worker's or a child Worker's): one task, its error or

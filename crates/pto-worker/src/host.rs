@@ -34,6 +34,9 @@ pub(crate) struct ChildHandle {
     exit: Mutex<Option<ChildExit>>,
     /// True once the Worker itself killed it (after recording why): its death is then no news.
     pub(crate) killed: std::sync::atomic::AtomicBool,
+    /// An in-process child's thread (its result is the exit code), until it is joined; `None`
+    /// for a forked child.
+    thread: Option<Mutex<Option<std::thread::JoinHandle<i32>>>>,
 }
 
 impl ChildHandle {
@@ -50,13 +53,50 @@ impl ChildHandle {
             polls: std::sync::atomic::AtomicU32::new(0),
             exit: Mutex::new(None),
             killed: std::sync::atomic::AtomicBool::new(false),
+            thread: None,
         }
+    }
+
+    /// A child that is a thread of this process ([`crate::WorkerBuilder::in_process`]); its
+    /// pid is this process's, and it is not registered to be killed.
+    pub(crate) fn thread(
+        who: String,
+        lanes: Vec<Mailbox>,
+        handle: std::thread::JoinHandle<i32>,
+    ) -> ChildHandle {
+        tracing::debug!(child = who, "child thread started");
+        ChildHandle {
+            who,
+            pid: ProcessId::current(),
+            lanes,
+            pipe: Mutex::new(Pipe::new()),
+            taken: AtomicU64::new(0),
+            polls: std::sync::atomic::AtomicU32::new(0),
+            exit: Mutex::new(None),
+            killed: std::sync::atomic::AtomicBool::new(false),
+            thread: Some(Mutex::new(Some(handle))),
+        }
+    }
+
+    /// True for a child that is a thread of this process.
+    pub(crate) fn in_process(&self) -> bool {
+        self.thread.is_some()
     }
 
     /// How the child ended, reaping it if it just did; `None` while it runs (or is stopped).
     /// One `waitpid` call, no `/proc` read.
     pub(crate) fn exit(&self) -> Option<ChildExit> {
         let mut e = self.exit.lock();
+        if let (None, Some(t)) = (*e, &self.thread) {
+            let mut t = t.lock();
+            if t.as_ref().is_some_and(std::thread::JoinHandle::is_finished) {
+                // A thread that panicked outside any task ends like a process that failed.
+                let code = t.take().map_or(101, |h| h.join().unwrap_or(101));
+                tracing::debug!(child = self.who, code, "child thread ended");
+                *e = Some(ChildExit::Code(code));
+            }
+            return *e;
+        }
         if e.is_none() {
             *e = pto_shm::process::reap(self.pid.pid).map(|r| {
                 pto_shm::cleanup::forget(self.pid.pid);
@@ -89,11 +129,17 @@ impl ChildHandle {
     }
 
     /// Sends `SIGKILL` unless the child was reaped (its pid may belong to another process).
+    /// A thread cannot be killed: it is asked to leave, and marked as killed so that its end
+    /// is no news.
     pub(crate) fn kill(&self) {
         let e = self.exit.lock();
         if e.is_none() {
             self.killed.store(true, Ordering::Release);
-            pto_shm::process::kill(self.pid.pid);
+            if self.in_process() {
+                self.shutdown();
+            } else {
+                pto_shm::process::kill(self.pid.pid);
+            }
         }
     }
 

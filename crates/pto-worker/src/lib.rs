@@ -56,6 +56,44 @@
 //!
 //! Children die with their parent (`PR_SET_PDEATHSIG` plus a parent-pid check while idle); the
 //! parent checks each child's liveness while it waits for it. See `docs/design/worker.md`.
+//!
+//! ## Children as threads
+//!
+//! [`WorkerBuilder::in_process`] runs every chip and sub-worker on threads of this process
+//! instead: the same mailboxes, world and windows in shared memory, the same results, in one
+//! process (any number of threads may exist). What a process boundary gave is lost: a child that
+//! crashes takes the process with it, and one stuck in a kernel cannot be killed (abort and
+//! close leave its thread behind, with its segments, until it returns).
+//!
+//! ```
+//! use pto_core::{CoreKind, DType, KernelRegistry, TaskArgs};
+//! use pto_worker::Worker;
+//!
+//! let mut kernels = KernelRegistry::new();
+//! kernels.register("inc", CoreKind::Aiv, |ctx| {
+//!     ctx.output::<i32>(0)?.for_each_mut(|x| *x += 1);
+//!     Ok(())
+//! })?;
+//! let _busy = std::thread::spawn(|| ()); // another thread: no matter in process
+//! let w = Worker::builder()
+//!     .chips(2)
+//!     .in_process()
+//!     .program("inc", kernels, |o, call| {
+//!         o.submit("inc", TaskArgs::new().inout(call.tensor(0)?)).map(|_| ())
+//!     })
+//!     .init()?;
+//! assert_eq!(w.child_pid(0), None); // a thread, not a process
+//! let x = w.tensor(&[2], DType::I32)?;
+//! let xa = x.clone();
+//! w.run(move |h| {
+//!     h.submit_chip(0, "inc", TaskArgs::new().inout(&xa))?;
+//!     h.submit_chip(1, "inc", TaskArgs::new().inout(&xa))?;
+//!     Ok(())
+//! })?;
+//! assert_eq!(x.read::<i32>()?, vec![2, 2]);
+//! w.close();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -109,7 +147,7 @@ pub struct Worker {
     state: Arc<HostState>,
     host: Chip,
     facts: Vec<BootFacts>,
-    world: Option<ShmWorld>,
+    world: Option<Arc<ShmWorld>>,
     init_time: Duration,
     closed: bool,
     watcher: Option<std::thread::JoinHandle<()>>,
@@ -176,7 +214,7 @@ impl WorkerBuilder {
         };
         let up = supervise::start(&spec)?;
         let total = up.children.len();
-        let deaths = up.world.as_ref().map(ShmWorld::supervise);
+        let deaths = up.world.as_deref().map(ShmWorld::supervise);
         let state = HostState::new(up.children, &spec, on_exit, deaths);
         let host = match Chip::builder()
             .chip_id(u32::MAX)
@@ -433,9 +471,14 @@ impl Worker {
         self.state.children.get(i).map(|c| c.pipe.lock().peak)
     }
 
-    /// The pid of chip or sub-worker `i` (chips first).
+    /// The pid of chip or sub-worker `i` (chips first); `None` for a child that is a thread
+    /// of this process ([`WorkerBuilder::in_process`]).
     pub fn child_pid(&self, i: usize) -> Option<u32> {
-        self.state.children.get(i).map(|c| c.pid.pid)
+        self.state
+            .children
+            .get(i)
+            .filter(|c| !c.in_process())
+            .map(|c| c.pid.pid)
     }
 
     /// Ends the Worker from any thread: marks it unusable with `why` and kills every child, so

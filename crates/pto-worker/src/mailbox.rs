@@ -183,6 +183,16 @@ impl Mailbox {
             .collect())
     }
 
+    /// The same slot, for the other side of an in-process child (a thread of this process,
+    /// [`crate::WorkerBuilder::in_process`]), as a forked child has its own copy of the parent's.
+    pub(crate) fn twin(&self) -> Mailbox {
+        Mailbox {
+            seg: self.seg.clone(),
+            base: self.base,
+            reserved: AtomicBool::new(false),
+        }
+    }
+
     /// Reserves the slot's frame and result pages (once; later calls return at once). The
     /// parent calls it before it writes the slot's first frame: the child writes a result only
     /// into a slot that carried a frame, so neither side then touches an unreserved page.

@@ -310,6 +310,13 @@ impl HostState {
                     p.lost = Some(f.to_string());
                     self.note_failure(f);
                 }
+            } else if c.in_process() && c.killed.load(Ordering::Acquire) {
+                // A thread cannot be killed: once the Worker gave up on it (an abort, or a
+                // deadline below), its frames fail now and it is left to return on its own.
+                p.lost = Some(format!(
+                    "{}: abandoned while running host task {} (a child thread cannot be killed)",
+                    c.who, head.task
+                ));
             } else if now >= p.head_since + self.timeout + GRACE {
                 let waited = now.duration_since(p.head_since);
                 let f = c.silence(child, waited, &format!("host task {}", head.task));

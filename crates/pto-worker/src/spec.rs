@@ -99,6 +99,8 @@ pub(crate) struct Spec {
     pub(crate) collectives: Option<usize>,
     /// True when `timeout` was set explicitly (else `PTO_WAIT_TIMEOUT_MS` at init).
     pub(crate) timeout_set: bool,
+    /// Children are threads of this process instead of forked processes.
+    pub(crate) in_process: bool,
 }
 
 /// What the watcher calls when a child dies outside a run.

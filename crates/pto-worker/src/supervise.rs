@@ -22,8 +22,8 @@ pub(crate) struct Started {
     pub(crate) children: Vec<ChildHandle>,
     /// What each chip reported at bring-up.
     pub(crate) facts: Vec<BootFacts>,
-    /// The chips' world, when they communicate.
-    pub(crate) world: Option<ShmWorld>,
+    /// The chips' world, when they communicate (shared with in-process children's threads).
+    pub(crate) world: Option<Arc<ShmWorld>>,
     /// When the forking began (the Worker's init time counts from here).
     pub(crate) t0: Instant,
 }
@@ -53,10 +53,12 @@ fn settled_thread_count() -> usize {
 ///
 /// A process that already has threads, a failed fork, a chip whose bring-up failed (every
 /// child is then reaped and no segment is left), or a timeout.
-pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
-    let threads = settled_thread_count();
-    if threads > 1 {
-        return Err(WorkerError::NotSingleThreaded { threads });
+pub(crate) fn start(spec: &Arc<Spec>) -> Result<Started, WorkerError> {
+    if !spec.in_process {
+        let threads = settled_thread_count();
+        if threads > 1 {
+            return Err(WorkerError::NotSingleThreaded { threads });
+        }
     }
     // Before forking, so that children inherit it: a signal ends every child and removes
     // every segment (docs/design/worker.md).
@@ -65,13 +67,16 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
     let world = if spec.comm {
         // The Worker's timeout is its chips' too: a chip's wait fails (naming what it waited
         // on) before the host's backstop on its reply.
-        Some(ShmWorld::create_with_timeout(spec.chips, spec.timeout)?)
+        Some(Arc::new(ShmWorld::create_with_timeout(
+            spec.chips,
+            spec.timeout,
+        )?))
     } else {
         None
     };
     // The Worker reaps its chips (during bring-up below, then in its watcher) and publishes
     // their deaths in the world: the chips' waits need no /proc reads, from the first fork on.
-    let deaths = world.as_ref().map(ShmWorld::supervise);
+    let deaths = world.as_deref().map(ShmWorld::supervise);
     let total = spec.chips + spec.subs + spec.workers.len();
     let lanes = crate::pipe::lanes_for(total);
     let boxes = Mailbox::create_set("mb", total.saturating_mul(lanes))?;
@@ -90,6 +95,21 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
         } else {
             child::Role::Worker(i - spec.chips - spec.subs)
         };
+        let who = match role {
+            child::Role::Chip(c) => format!("chip {c}"),
+            child::Role::Sub => format!("sub-worker {}", i - spec.chips),
+            child::Role::Worker(w) => format!("child worker {w}"),
+        };
+        if spec.in_process {
+            match spawn_thread(spec, world.as_ref(), &mb, role, parent, &who) {
+                Ok(h) => children.push(ChildHandle::thread(who, mb, h)),
+                Err(e) => {
+                    reap_all(&children, Duration::from_millis(500));
+                    return Err(WorkerError::Fork(e));
+                }
+            }
+            continue;
+        }
         // SAFETY: checked above that this process is single-threaded, and no thread has
         // been started since; the child runs `child_main`, which never returns.
         #[allow(unsafe_code)]
@@ -97,7 +117,7 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
         match forked {
             Ok(Forked::Child) => match (&spec.chip_main, role) {
                 (Some(wrap), child::Role::Chip(_)) => {
-                    let w = world.as_ref();
+                    let w = world.as_deref();
                     let mb = &mb;
                     wrap(Box::new(move || {
                         child::child_main(spec, w, mb, role, parent)
@@ -105,14 +125,9 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
                     // `child_main` never returns; a wrapper that did not call it ends here.
                     pto_shm::process::exit_now(3)
                 }
-                _ => child::child_main(spec, world.as_ref(), &mb, role, parent),
+                _ => child::child_main(spec, world.as_deref(), &mb, role, parent),
             },
             Ok(Forked::Parent(pid)) => {
-                let who = match role {
-                    child::Role::Chip(c) => format!("chip {c}"),
-                    child::Role::Sub => format!("sub-worker {}", i - spec.chips),
-                    child::Role::Worker(w) => format!("child worker {w}"),
-                };
                 children.push(ChildHandle::new(who, pid, mb));
             }
             Err(e) => {
@@ -136,6 +151,37 @@ pub(crate) fn start(spec: &Spec) -> Result<Started, WorkerError> {
         world,
         t0,
     })
+}
+
+/// Starts an in-process child: a thread running the child's life on its own handles of the
+/// mailbox lanes (a chip's inside the embedder's [`Spec::chip_main`], as a forked chip's).
+fn spawn_thread(
+    spec: &Arc<Spec>,
+    world: Option<&Arc<ShmWorld>>,
+    lanes: &[Mailbox],
+    role: child::Role,
+    parent: u32,
+    who: &str,
+) -> std::io::Result<std::thread::JoinHandle<i32>> {
+    let spec = spec.clone();
+    let world = world.cloned();
+    let lanes: Vec<Mailbox> = lanes.iter().map(Mailbox::twin).collect();
+    std::thread::Builder::new()
+        .name(format!("pto-{}", who.replace(' ', "-")))
+        .spawn(move || {
+            let w = world.as_deref();
+            match (&spec.chip_main, role) {
+                (Some(wrap), child::Role::Chip(_)) => {
+                    let mut code = 3;
+                    let c = &mut code;
+                    wrap(Box::new(|| {
+                        *c = child::child_body(&spec, w, &lanes, role, parent);
+                    }));
+                    code
+                }
+                _ => child::child_body(&spec, w, &lanes, role, parent),
+            }
+        })
 }
 
 /// Waits for every child's bootstrap record. On a failure, keeps collecting for a moment so
