@@ -225,7 +225,8 @@ _OPEN_WORKERS: "_weakref.WeakSet[Any]" = _weakref.WeakSet()
 
 
 class Worker:
-    """Chips (one process each), optional sub-worker processes, and a communication window.
+    """Chips (one process each, or one thread each with ``backend="local"``), optional
+    sub-workers, and a communication window.
 
     Args:
         chips: number of chips (ranks), 1 to 1024.
@@ -249,6 +250,10 @@ class Worker:
         threads: OS threads serving each chip's logical cores, 1 to 1024 (default
             ``PTO_THREADS``, else as many as cores and CPUs allow); one per logical core lets
             every core hold a kernel that waits for a peer, as on the device.
+        backend: ``"shm"`` (default): every chip and sub-worker is a forked process over
+            shared memory; ``"local"``: they are threads of this process (same results, one
+            process to debug, and the process may already have threads; but a crash in a chip
+            ends this process, and a chip stuck in a kernel cannot be killed).
 
     Bad arguments raise :class:`TypeError` (a wrong type) or :class:`ValueError` (out of
     range) naming the argument and what it may be, here and in every method; failures of the
@@ -268,6 +273,7 @@ class Worker:
         kernels: Optional[Sequence[Union[Kernel, Callable[..., Any]]]] = None,
         check: bool = False,
         threads: Optional[int] = None,
+        backend: str = "shm",
     ) -> None:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
             raise TypeError(f"Worker: threads must be an int, not {type(threads).__name__}")
@@ -284,6 +290,7 @@ class Worker:
                 _kernel_specs(kernels),
                 check,
                 threads,
+                backend,
             )
         except WorkerError as e:
             if "before any thread starts" in str(e) and any(

@@ -64,6 +64,7 @@ class Worker:
         kernels: Optional[Sequence[Tuple[str, str, Callable[..., Any]]]] = None,
         check: bool = False,
         threads: Optional[int] = None,
+        backend: Optional[str] = None,
     ) -> Worker: ...
     def check_report(self) -> Dict[str, Any]: ...
     @property

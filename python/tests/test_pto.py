@@ -73,6 +73,37 @@ def test_sub_worker_callables_get_arrays_and_scalars():
         assert v[0] == 1
 
 
+def test_backend_local_runs_chips_and_sub_workers_as_threads_of_this_process():
+    import os
+    import threading
+
+    def where(x, y, out, scale):
+        # A sub-worker thread: this process's pid, and the chip's result is in.
+        out[0] = os.getpid()
+        out[1] = int(np.array_equal(y, x * scale))
+
+    # Another thread is running: a forking Worker would refuse to start; threads do not mind.
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        with pto.Worker(chips=2, sub_workers=1, subs={"where": where}, backend="local") as w:
+            x, y, out = w.buffer(32), w.buffer(32), w.buffer(2, "int64")
+            x[:] = np.arange(32)
+
+            def orch(h, _):
+                h.submit_chip(1, "vector_scale", [pto.IN(x), pto.OUT(y), 3.0])
+                h.submit_sub("where", [pto.IN(x), pto.IN(y), pto.OUT(out), 3.0])
+
+            w.run(orch)
+            assert list(out) == [os.getpid(), 1]
+    finally:
+        stop.set()
+        other.join()
+    with pytest.raises(ValueError, match='backend must be "shm".*or "local".*not \'mpi\''):
+        pto.Worker(chips=1, backend="mpi")
+
+
 def test_a_failing_sub_worker_raises_with_its_traceback():
     def boom(x):
         raise ValueError("sub-worker failed on purpose")

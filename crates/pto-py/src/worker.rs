@@ -292,9 +292,10 @@ impl Worker {
     /// Starts the Worker: forks one process per chip and per sub-worker (call it before this
     /// process starts threads).
     #[new]
-    #[pyo3(signature = (chips=1, cores=(1, 2), sub_workers=0, buffers=None, collectives=None, comm=true, subs=None, timeout=None, kernels=None, check=false, threads=None))]
+    #[pyo3(signature = (chips=1, cores=(1, 2), sub_workers=0, buffers=None, collectives=None, comm=true, subs=None, timeout=None, kernels=None, check=false, threads=None, backend=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         #[pyo3(from_py_with = chips_arg)] chips: usize,
         #[pyo3(from_py_with = cores_arg)] cores: (u32, u32),
         #[pyo3(from_py_with = sub_workers_arg)] sub_workers: usize,
@@ -306,7 +307,21 @@ impl Worker {
         kernels: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = check_arg)] check: bool,
         threads: Option<usize>,
+        backend: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Worker> {
+        let in_process = match backend.filter(|b| !b.is_none()) {
+            None => false,
+            Some(b) => match string(b, "Worker: backend")?.as_str() {
+                "shm" => false,
+                "local" => true,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "Worker: backend must be \"shm\" (children are forked processes) or \"local\" (threads of this process), not {}",
+                        repr(other)
+                    )))
+                }
+            },
+        };
         let mut specs = buffer_specs(buffers)?;
         let callables = sub_callables(subs)?;
         let py_kernels = kernel_specs(kernels)?;
@@ -316,6 +331,9 @@ impl Worker {
             .chips(chips)
             .cores(cores.0, cores.1)
             .sub_workers(sub_workers);
+        if in_process {
+            b = b.in_process();
+        }
         if let Some(n) = threads {
             if !(1..=1024).contains(&n) {
                 return Err(PyValueError::new_err(format!(
@@ -370,8 +388,15 @@ impl Worker {
             None
         };
         // The GIL stays held across the fork: a sub-worker child continues on this thread,
-        // which then holds the GIL it needs to call its Python callables.
-        let w = b.init().map_err(worker_err)?;
+        // which then holds the GIL it needs to call its Python callables. Children that are
+        // threads take the GIL themselves (a chip running Python kernels, during its bring-up
+        // too): the GIL is let go while they start.
+        let w = if in_process {
+            py.detach(|| b.init())
+        } else {
+            b.init()
+        }
+        .map_err(worker_err)?;
         Ok(Worker {
             inner: Some(Arc::new(w)),
             runner: std::sync::OnceLock::new(),
