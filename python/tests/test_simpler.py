@@ -70,6 +70,20 @@ def test_each_chip_runs_its_tasks_in_submission_order_and_groups_reserve_only_th
     assert "every task ran in its chip's order" in r.stdout
 
 
+@pytest.mark.parametrize(
+    "driver, args, said",
+    [
+        ("allreduce_driver.py", ["-d", "0-3"], "4 ranks matched golden"),
+        ("chain_driver.py", [], "the sub-worker checked every z"),
+        ("reserve_driver.py", [], "every task ran in its chip's order"),
+    ],
+)
+def test_chips_as_threads_with_pto_simpler_backend_local(tmp_path, driver, args, said):
+    r = _run(tmp_path, HERE / driver, *args, PTO_SIMPLER_BACKEND="local")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert said in r.stdout + r.stderr
+
+
 def test_two_callables_linked_by_a_tensor_and_a_sub_worker_that_checks(tmp_path):
     r = _run(tmp_path, HERE / "chain_driver.py")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -151,6 +165,6 @@ def test_clear_refusals_before_anything_runs(tmp_path):
     assert r.returncode != 0 and "PTO_ISA_ROOT is not set" in r.stderr, r.stderr
     r = _run(tmp_path, script, PTO_ISA_ROOT=str(tmp_path))
     assert r.returncode != 0 and "is not a pto-isa checkout" in r.stderr, r.stderr
-    # Chips are always forked processes: asking for threads is refused, not ignored.
-    r = _run(tmp_path, HERE / "allreduce_driver.py", PTO_SIMPLER_BACKEND="local")
-    assert r.returncode != 0 and "PTO_SIMPLER_BACKEND=local" in r.stderr and "not supported" in r.stderr, r.stderr
+    # A backend pto does not have is refused, not ignored.
+    r = _run(tmp_path, HERE / "allreduce_driver.py", PTO_SIMPLER_BACKEND="gpu")
+    assert r.returncode != 0 and "PTO_SIMPLER_BACKEND='gpu'" in r.stderr and "local" in r.stderr, r.stderr

@@ -23,7 +23,7 @@ fn orch_err(e: SimplerError) -> OrchError {
 /// A request that cannot be read, a library that cannot be loaded, an orchestration's fatal
 /// error, a domain that cannot be made: each names the callable, the chip and the cause.
 pub fn chip_program(orch: &mut Orch<'_>, call: &ChipCall) -> Result<(), OrchError> {
-    crate::entry::install_crash_notes(call.rank);
+    crate::entry::install_crash_notes();
     let bytes = orch.read_bytes(call.tensor(0)?)?;
     let req = request::parse(&bytes).map_err(orch_err)?;
     match req {
@@ -39,7 +39,7 @@ pub fn chip_program(orch: &mut Orch<'_>, call: &ChipCall) -> Result<(), OrchErro
                     })
                 })?
                 .comm();
-            let row = domain::alloc(world, &d).map_err(orch_err)?;
+            let row = domain::alloc(call.rank, world, &d).map_err(orch_err)?;
             let pos = d
                 .members
                 .iter()
@@ -51,22 +51,22 @@ pub fn chip_program(orch: &mut Orch<'_>, call: &ChipCall) -> Result<(), OrchErro
                 .map_err(|e| OrchError::msg(format!("domain result tensor: {e}")))?;
             orch.write(&mine, &row)
         }
-        Request::FreeDomain { id } => domain::free(id).map_err(orch_err),
+        Request::FreeDomain { id } => domain::free(call.rank, id).map_err(orch_err),
         Request::AllocDevice { id, nbytes } => {
-            let addr = device::alloc(id, nbytes).map_err(orch_err)?;
+            let addr = device::alloc(call.rank, id, nbytes).map_err(orch_err)?;
             orch.write(call.tensor(1)?, &[addr])
         }
-        Request::FreeDevice { id } => device::free(id).map_err(orch_err),
+        Request::FreeDevice { id } => device::free(call.rank, id).map_err(orch_err),
         Request::CopyTo { id, offset, index } => {
             let src = call.tensor(index)?;
             let bytes = orch.read_bytes(src)?;
-            let dst = device::bytes(id, offset, bytes.len() as u64).map_err(orch_err)?;
+            let dst = device::bytes(call.rank, id, offset, bytes.len() as u64).map_err(orch_err)?;
             orch.write_bytes(&dst, &bytes)
         }
         Request::CopyFrom { id, offset, index } => {
             let dst = call.tensor(index)?;
             let (s0, e0) = dst.region().byte_range();
-            let src = device::bytes(id, offset, (e0 - s0) as u64).map_err(orch_err)?;
+            let src = device::bytes(call.rank, id, offset, (e0 - s0) as u64).map_err(orch_err)?;
             let bytes = orch.read_bytes(&src)?;
             orch.write_bytes(dst, &bytes)
         }
@@ -130,7 +130,10 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
     }
     let (aic, aiv) = orch.core_counts();
     let mut session = Session::new(orch, call.rank, c.name.clone(), kernels, (aic, aiv));
-    for (buffer, base, len) in domain::all_parts().into_iter().chain(device::all()) {
+    for (buffer, base, len) in domain::all_parts(call.rank)
+        .into_iter()
+        .chain(device::all(call.rank))
+    {
         session.add_region(buffer, base, len);
     }
     let mut tensors = Vec::with_capacity(member.tensors.len());
@@ -170,7 +173,7 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
                 shape,
                 dtype,
             } => {
-                let (_, base, len) = device::get(*id).ok_or_else(|| {
+                let (_, base, len) = device::get(call.rank, *id).ok_or_else(|| {
                     fail(format!(
                         "tensor {i}: chip memory #{id} is not allocated on this chip"
                     ))
@@ -191,7 +194,7 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
                 shape,
                 dtype,
             } => {
-                let (_, base, len) = domain::local_part(*id).ok_or_else(|| {
+                let (_, base, len) = domain::local_part(call.rank, *id).ok_or_else(|| {
                     fail(format!(
                         "tensor {i}: domain {id} is not allocated on this chip"
                     ))
@@ -211,8 +214,8 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
     }
     let given = tensors.len() + member.scalars.len();
     let note = format!(
-        "orchestration {} ({}) of callable {}",
-        c.function, c.source, c.name
+        "chip {}: orchestration {} ({}) of callable {}",
+        call.rank, c.function, c.source, c.name
     )
     .into_bytes();
     let _mark = crate::entry::Running::new(&note);

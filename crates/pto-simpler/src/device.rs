@@ -10,8 +10,10 @@ use pto_core::{Buffer, DType, Tensor};
 
 use crate::SimplerError;
 
-fn memory() -> &'static Mutex<HashMap<u64, Buffer>> {
-    static MEMORY: OnceLock<Mutex<HashMap<u64, Buffer>>> = OnceLock::new();
+/// Allocations by (chip, id): the chips of a Worker may share this process (in-process
+/// children).
+fn memory() -> &'static Mutex<HashMap<(usize, u64), Buffer>> {
+    static MEMORY: OnceLock<Mutex<HashMap<(usize, u64), Buffer>>> = OnceLock::new();
     MEMORY.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -22,8 +24,8 @@ fn bad(id: u64, why: impl Into<String>) -> SimplerError {
     }
 }
 
-/// Allocates `nbytes` of zeroed chip memory as `id`; its address in this process.
-pub(crate) fn alloc(id: u64, nbytes: u64) -> Result<u64, SimplerError> {
+/// Allocates `nbytes` of zeroed chip memory as `id` on chip `chip`; its address in this process.
+pub(crate) fn alloc(chip: usize, id: u64, nbytes: u64) -> Result<u64, SimplerError> {
     if nbytes == 0 {
         return Err(bad(id, "an allocation of 0 bytes"));
     }
@@ -31,42 +33,48 @@ pub(crate) fn alloc(id: u64, nbytes: u64) -> Result<u64, SimplerError> {
     let b = Buffer::zeroed(n).map_err(|e| bad(id, format!("{nbytes} bytes: {e}")))?;
     let addr = b.addr() as u64;
     let mut m = memory().lock();
-    if m.contains_key(&id) {
+    if m.contains_key(&(chip, id)) {
         return Err(bad(id, "allocated already"));
     }
-    m.insert(id, b);
+    m.insert((chip, id), b);
     Ok(addr)
 }
 
-/// Frees `id`.
-pub(crate) fn free(id: u64) -> Result<(), SimplerError> {
+/// Frees `id` on chip `chip`.
+pub(crate) fn free(chip: usize, id: u64) -> Result<(), SimplerError> {
     memory()
         .lock()
-        .remove(&id)
+        .remove(&(chip, id))
         .map(drop)
         .ok_or_else(|| bad(id, "no such allocation on this chip"))
 }
 
-/// The buffer of `id`, its address and length.
-pub(crate) fn get(id: u64) -> Option<(Buffer, u64, usize)> {
+/// The buffer of `id` on chip `chip`, its address and length.
+pub(crate) fn get(chip: usize, id: u64) -> Option<(Buffer, u64, usize)> {
     memory()
         .lock()
-        .get(&id)
+        .get(&(chip, id))
         .map(|b| (b.clone(), b.addr() as u64, b.len()))
 }
 
-/// Every allocation, for resolving addresses.
-pub(crate) fn all() -> Vec<(Buffer, u64, usize)> {
+/// Every allocation on chip `chip`, for resolving addresses.
+pub(crate) fn all(chip: usize) -> Vec<(Buffer, u64, usize)> {
     memory()
         .lock()
-        .values()
-        .map(|b| (b.clone(), b.addr() as u64, b.len()))
+        .iter()
+        .filter(|((c, _), _)| *c == chip)
+        .map(|(_, b)| (b.clone(), b.addr() as u64, b.len()))
         .collect()
 }
 
-/// `nbytes` bytes of allocation `id` from byte `offset`, as a byte tensor.
-pub(crate) fn bytes(id: u64, offset: u64, nbytes: u64) -> Result<Tensor, SimplerError> {
-    let (b, _, len) = get(id).ok_or_else(|| bad(id, "no such allocation on this chip"))?;
+/// `nbytes` bytes of allocation `id` on chip `chip` from byte `offset`, as a byte tensor.
+pub(crate) fn bytes(
+    chip: usize,
+    id: u64,
+    offset: u64,
+    nbytes: u64,
+) -> Result<Tensor, SimplerError> {
+    let (b, _, len) = get(chip, id).ok_or_else(|| bad(id, "no such allocation on this chip"))?;
     let end = offset.checked_add(nbytes).filter(|&e| e <= len as u64);
     if end.is_none() || nbytes == 0 {
         return Err(bad(

@@ -38,8 +38,9 @@ impl std::fmt::Debug for Domain {
     }
 }
 
-fn domains() -> &'static Mutex<HashMap<u64, Domain>> {
-    static DOMAINS: OnceLock<Mutex<HashMap<u64, Domain>>> = OnceLock::new();
+/// Domains by (chip, id): the chips of a Worker may share this process (in-process children).
+fn domains() -> &'static Mutex<HashMap<(usize, u64), Domain>> {
+    static DOMAINS: OnceLock<Mutex<HashMap<(usize, u64), Domain>>> = OnceLock::new();
     DOMAINS.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -57,9 +58,14 @@ pub fn buffer_offsets(sizes: &[u64]) -> Vec<u64> {
         .collect()
 }
 
-/// Allocates domain `req` over `world` (collective over its members) and returns this member's
-/// row: `[CommContext address, window base, window bytes, domain rank, domain size, 0, 0, 0]`.
-pub(crate) fn alloc(world: &Comm, req: &DomainRequest) -> Result<[u64; DOMAIN_ROW], SimplerError> {
+/// Allocates domain `req` over `world` (collective over its members) on chip `chip` and returns
+/// this member's row: `[CommContext address, window base, window bytes, domain rank, domain
+/// size, 0, 0, 0]`.
+pub(crate) fn alloc(
+    chip: usize,
+    world: &Comm,
+    req: &DomainRequest,
+) -> Result<[u64; DOMAIN_ROW], SimplerError> {
     let bad = |why: String| SimplerError::Domain {
         name: req.name.clone(),
         why,
@@ -70,7 +76,7 @@ pub(crate) fn alloc(world: &Comm, req: &DomainRequest) -> Result<[u64; DOMAIN_RO
             req.members.len()
         )));
     }
-    if domains().lock().contains_key(&req.id) {
+    if domains().lock().contains_key(&(chip, req.id)) {
         return Err(bad(format!("domain id {} is allocated already", req.id)));
     }
     let total: u64 = req.buffers.iter().map(|b| b.nbytes).sum();
@@ -119,7 +125,7 @@ pub(crate) fn alloc(world: &Comm, req: &DomainRequest) -> Result<[u64; DOMAIN_RO
         "simpler domain allocated"
     );
     domains().lock().insert(
-        req.id,
+        (chip, req.id),
         Domain {
             name: req.name.clone(),
             window,
@@ -132,11 +138,12 @@ pub(crate) fn alloc(world: &Comm, req: &DomainRequest) -> Result<[u64; DOMAIN_RO
     Ok(row)
 }
 
-/// Frees domain `id` (collective over its members: a barrier, then the window goes).
-pub(crate) fn free(id: u64) -> Result<(), SimplerError> {
+/// Frees domain `id` on chip `chip` (collective over its members: a barrier, then the window
+/// goes).
+pub(crate) fn free(chip: usize, id: u64) -> Result<(), SimplerError> {
     let d = domains()
         .lock()
-        .remove(&id)
+        .remove(&(chip, id))
         .ok_or_else(|| SimplerError::Domain {
             name: format!("#{id}"),
             why: "no such domain on this chip".into(),
@@ -153,19 +160,20 @@ pub(crate) fn free(id: u64) -> Result<(), SimplerError> {
     r
 }
 
-/// The buffer and base address of domain `id`'s part on this chip.
-pub(crate) fn local_part(id: u64) -> Option<(Buffer, u64, usize)> {
+/// The buffer and base address of domain `id`'s part on chip `chip`.
+pub(crate) fn local_part(chip: usize, id: u64) -> Option<(Buffer, u64, usize)> {
     domains()
         .lock()
-        .get(&id)
+        .get(&(chip, id))
         .map(|d| (d.buffer.clone(), d.base, d.len))
 }
 
-/// Every domain's part on this chip, for resolving addresses.
-pub(crate) fn all_parts() -> Vec<(Buffer, u64, usize)> {
+/// Every domain's part on chip `chip`, for resolving addresses.
+pub(crate) fn all_parts(chip: usize) -> Vec<(Buffer, u64, usize)> {
     domains()
         .lock()
-        .values()
-        .map(|d| (d.buffer.clone(), d.base, d.len))
+        .iter()
+        .filter(|((c, _), _)| *c == chip)
+        .map(|(_, d)| (d.buffer.clone(), d.base, d.len))
         .collect()
 }

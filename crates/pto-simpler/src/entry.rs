@@ -418,7 +418,8 @@ pub(crate) fn fill(d: &ChipTensor, value: u64) {
 // process with it; the host sees only the signal. So that the error names what crashed, each
 // thread that calls compiled code marks what it runs (`Running`), and a handler installed in the
 // chip process writes one line, "pto.simpler: chip C: <what> crashed: <signal>", to stderr and
-// to the file `$PTO_SIMPLER_NOTES/chip-C` (the Python layer adds it to the run's exception).
+// to the file `$PTO_SIMPLER_NOTES/notes-<pid>` (the Python layer adds it to the run's
+// exception). Chips that are threads of one process share the handler; each mark names its chip.
 // The handler then restores the previous disposition and returns: the fault recurs (or abort
 // raises again) and the process ends as it would have.
 
@@ -436,10 +437,9 @@ thread_local! {
     static RUNNING: Cell<(*const u8, usize)> = const { Cell::new((std::ptr::null(), 0)) };
 }
 
-/// The notes file (or -1), the line's prefix, and the dispositions the handler replaced.
+/// The notes file (or -1) and the dispositions the handler replaced.
 struct CrashNotes {
     fd: AtomicI32,
-    prefix: Box<[u8]>,
     previous: [libc::sigaction; CRASH_SIGNALS.len()],
 }
 
@@ -468,16 +468,15 @@ impl Drop for Running<'_> {
     }
 }
 
-/// Installs the crash handler in this process (once; later calls do nothing). `chip` names the
-/// chip in the notes.
-pub(crate) fn install_crash_notes(chip: usize) {
+/// Installs the crash handler in this process (once; later calls do nothing).
+pub(crate) fn install_crash_notes() {
     NOTES.get_or_init(|| {
         let fd = std::env::var_os("PTO_SIMPLER_NOTES")
             .and_then(|dir| {
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(std::path::Path::new(&dir).join(format!("chip-{chip}")))
+                    .open(std::path::Path::new(&dir).join(format!("notes-{}", std::process::id())))
                     .ok()
             })
             .map_or(-1, std::os::fd::IntoRawFd::into_raw_fd);
@@ -489,7 +488,6 @@ pub(crate) fn install_crash_notes(chip: usize) {
         }
         CrashNotes {
             fd: AtomicI32::new(fd),
-            prefix: format!("pto.simpler: chip {chip}: ").into_bytes().into(),
             previous,
         }
     });
@@ -529,7 +527,13 @@ extern "C" fn on_crash(sig: libc::c_int) {
         // SAFETY: a mark points to a note its `Running` keeps alive, and the thread that set it
         // is the one running this handler (inside the call the mark covers).
         let note = unsafe { std::slice::from_raw_parts(ptr, len) };
-        let parts: [&[u8]; 5] = [&notes.prefix, note, b" crashed: ", signal_name(sig), b"\n"];
+        let parts: [&[u8]; 5] = [
+            b"pto.simpler: ",
+            note,
+            b" crashed: ",
+            signal_name(sig),
+            b"\n",
+        ];
         for fd in [2, notes.fd.load(Ordering::Relaxed)] {
             if fd < 0 {
                 continue;

@@ -426,8 +426,8 @@ impl<'o, 'a> Session<'o, 'a> {
                     func_id: func,
                     source: k.source.clone(),
                     note: format!(
-                        "kernel {} (func_id {func}) of callable {}, task {me}",
-                        k.source, self.callable
+                        "chip {}: kernel {} (func_id {func}) of callable {}, task {me}",
+                        self.chip, k.source, self.callable
                     )
                     .into_bytes()
                     .into(),

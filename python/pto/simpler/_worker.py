@@ -1,7 +1,8 @@
 """simpler's L3 ``Worker`` and orchestrator, on a pto Worker.
 
 ``Worker(level=3, device_ids=[...], num_sub_workers=n)`` forks one pto chip process per device
-id (shm backend) at ``init()``; its chips run the bridge's chip program ``simpler``. A run calls
+id at ``init()`` (shm backend; with ``PTO_SIMPLER_BACKEND=local`` each chip is a thread of this
+process instead); its chips run the bridge's chip program ``simpler``. A run calls
 the user's ``orch_fn(orch, args, config)`` on this thread: ``allocate_domain`` allocates at once
 (a collective over the members' chips), submits are recorded, and when ``orch_fn`` returns they
 run as one pto run, host dependencies inferred from the tensors they share. Host tensors in pto's
@@ -181,13 +182,11 @@ class Worker:
         if self._closed:
             raise RuntimeError("Worker.init: the Worker is closed")
         backend = os.environ.get("PTO_SIMPLER_BACKEND", "shm").strip() or "shm"
-        if backend == "local":
-            raise RuntimeError(
-                "PTO_SIMPLER_BACKEND=local: chips as threads in this process are not supported yet; "
-                "pto runs simpler's chips as forked processes over shared memory (unset it, or set it to shm)"
+        if backend not in ("shm", "local"):
+            raise ValueError(
+                f"PTO_SIMPLER_BACKEND={backend!r}: shm (each chip a forked process, the default) "
+                "or local (each chip a thread of this process)"
             )
-        if backend != "shm":
-            raise ValueError(f"PTO_SIMPLER_BACKEND={backend!r}: pto.simpler runs on the shm backend (shm)")
         import pto
 
         c = _clusters()
@@ -205,6 +204,7 @@ class Worker:
                 sub_workers=self.num_sub_workers,
                 subs=subs,
                 comm=True,
+                backend=backend,
             )
         except BaseException:
             shutil.rmtree(self._notes, ignore_errors=True)
