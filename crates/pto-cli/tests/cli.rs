@@ -9,15 +9,7 @@ use std::process::Command;
 mod common;
 
 fn pto(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pto"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::pto_with(args, &[])
 }
 
 #[test]
@@ -187,16 +179,7 @@ fn bench_with_a_wrong_element(op: &str, backend: &str, extra: &[&str]) -> (i32, 
         "1",
     ];
     args.extend_from_slice(extra);
-    let out = Command::new(env!("CARGO_BIN_EXE_pto"))
-        .args(&args)
-        .env("PTO_BENCH_INJECT_WRONG", "1")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::pto_with(&args, &[("PTO_BENCH_INJECT_WRONG", "1")])
 }
 
 #[test]

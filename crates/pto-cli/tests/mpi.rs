@@ -8,16 +8,12 @@
 use std::process::Command;
 
 fn pto(args: &[&str], windows: &str) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pto"))
-        .args(args)
-        .env("PTO_MPI_WINDOWS", windows)
-        .env("PTO_WAIT_TIMEOUT_MS", "20000")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+    common::pto_with(
+        args,
+        &[
+            ("PTO_MPI_WINDOWS", windows),
+            ("PTO_WAIT_TIMEOUT_MS", "20000"),
+        ],
     )
 }
 

@@ -73,6 +73,25 @@ pub fn chip_program(orch: &mut Orch<'_>, call: &ChipCall) -> Result<(), OrchErro
     }
 }
 
+/// The descriptor of a tensor at `offset` in memory of this chip (`place`: its base address,
+/// length and name), checked to fit.
+fn in_memory(
+    (base, len, what): (u64, usize, String),
+    offset: u64,
+    shape: &[u32],
+    dtype: &str,
+) -> Result<crate::abi::ChipTensor, String> {
+    let (code, dt) = dtype_of(dtype)?;
+    let shape: Vec<usize> = shape.iter().map(|&s| s as usize).collect();
+    let need = Tensor::byte_size(&shape, dt).map_err(|e| e.to_string())?;
+    if offset + need as u64 > len as u64 {
+        return Err(format!(
+            "{need} bytes at offset {offset} do not fit {what} of {len} bytes"
+        ));
+    }
+    Ok(descriptor(base + offset, &shape, code, INVALID_TASK))
+}
+
 /// The bytes of a host tensor argument at its start, in this process.
 fn host_addr(t: &Tensor) -> u64 {
     t.buffer().addr() as u64 + (t.region().offset() * t.dtype().size()) as u64
@@ -178,15 +197,9 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
                         "tensor {i}: chip memory #{id} is not allocated on this chip"
                     ))
                 })?;
-                let (code, dt) = dtype_of(dtype).map_err(|e| fail(format!("tensor {i}: {e}")))?;
-                let shape: Vec<usize> = shape.iter().map(|&s| s as usize).collect();
-                let need = Tensor::byte_size(&shape, dt).map_err(|e| fail(e.to_string()))?;
-                if offset + need as u64 > len as u64 {
-                    return Err(fail(format!(
-                        "tensor {i}: {need} bytes at offset {offset} do not fit chip memory #{id} of {len} bytes"
-                    )));
-                }
-                descriptor(base + offset, &shape, code, INVALID_TASK)
+                let place = (base, len, format!("chip memory #{id}"));
+                in_memory(place, *offset, shape, dtype)
+                    .map_err(|e| fail(format!("tensor {i}: {e}")))?
             }
             ArgTensor::Window {
                 domain: id,
@@ -199,15 +212,9 @@ fn run(orch: &mut Orch<'_>, call: &ChipCall, r: &RunRequest) -> Result<(), Simpl
                         "tensor {i}: domain {id} is not allocated on this chip"
                     ))
                 })?;
-                let (code, dt) = dtype_of(dtype).map_err(|e| fail(format!("tensor {i}: {e}")))?;
-                let shape: Vec<usize> = shape.iter().map(|&s| s as usize).collect();
-                let need = Tensor::byte_size(&shape, dt).map_err(|e| fail(e.to_string()))?;
-                if offset + need as u64 > len as u64 {
-                    return Err(fail(format!(
-                        "tensor {i}: {need} bytes at offset {offset} do not fit the domain's window of {len} bytes"
-                    )));
-                }
-                descriptor(base + offset, &shape, code, INVALID_TASK)
+                let place = (base, len, "the domain's window".to_string());
+                in_memory(place, *offset, shape, dtype)
+                    .map_err(|e| fail(format!("tensor {i}: {e}")))?
             }
         };
         tensors.push(d);

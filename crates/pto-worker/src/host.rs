@@ -44,17 +44,7 @@ impl ChildHandle {
     pub(crate) fn new(who: String, pid: ProcessId, lanes: Vec<Mailbox>) -> ChildHandle {
         pto_shm::cleanup::register_child(pid.pid);
         tracing::debug!(child = who, pid = pid.pid, "child forked");
-        ChildHandle {
-            who,
-            pid,
-            lanes,
-            pipe: Mutex::new(Pipe::new()),
-            taken: AtomicU64::new(0),
-            polls: std::sync::atomic::AtomicU32::new(0),
-            exit: Mutex::new(None),
-            killed: std::sync::atomic::AtomicBool::new(false),
-            thread: None,
-        }
+        ChildHandle::with(who, pid, lanes, None)
     }
 
     /// A child that is a thread of this process ([`crate::WorkerBuilder::in_process`]); its
@@ -65,16 +55,30 @@ impl ChildHandle {
         handle: std::thread::JoinHandle<i32>,
     ) -> ChildHandle {
         tracing::debug!(child = who, "child thread started");
+        ChildHandle::with(
+            who,
+            ProcessId::current(),
+            lanes,
+            Some(Mutex::new(Some(handle))),
+        )
+    }
+
+    fn with(
+        who: String,
+        pid: ProcessId,
+        lanes: Vec<Mailbox>,
+        thread: Option<Mutex<Option<std::thread::JoinHandle<i32>>>>,
+    ) -> ChildHandle {
         ChildHandle {
             who,
-            pid: ProcessId::current(),
+            pid,
             lanes,
             pipe: Mutex::new(Pipe::new()),
             taken: AtomicU64::new(0),
             polls: std::sync::atomic::AtomicU32::new(0),
             exit: Mutex::new(None),
             killed: std::sync::atomic::AtomicBool::new(false),
-            thread: Some(Mutex::new(Some(handle))),
+            thread,
         }
     }
 

@@ -388,18 +388,11 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-class CoreCallable:
-    """A compiled kernel and its signature."""
+class _Callable:
+    """What both callables answer: their signature and the size of their binary."""
 
-    def __init__(self, signature: Sequence[ArgDirection], binary: bytes) -> None:
-        self._signature = [ArgDirection(int(s)) for s in signature]
-        self.binary = bytes(binary)
-
-    @classmethod
-    def build(cls, signature: Sequence[ArgDirection], binary: bytes) -> "CoreCallable":
-        if not isinstance(binary, (bytes, bytearray, memoryview)) or len(binary) == 0:
-            raise ValueError("CoreCallable.build: binary must be the kernel's non-empty shared-library bytes")
-        return cls(signature, bytes(binary))
+    _signature: List[ArgDirection]
+    binary: bytes
 
     def sig(self, i: int) -> ArgDirection:
         return self._signature[i]
@@ -412,13 +405,27 @@ class CoreCallable:
     def binary_size(self) -> int:
         return len(self.binary)
 
+
+class CoreCallable(_Callable):
+    """A compiled kernel and its signature."""
+
+    def __init__(self, signature: Sequence[ArgDirection], binary: bytes) -> None:
+        self._signature = [ArgDirection(int(s)) for s in signature]
+        self.binary = bytes(binary)
+
+    @classmethod
+    def build(cls, signature: Sequence[ArgDirection], binary: bytes) -> "CoreCallable":
+        if not isinstance(binary, (bytes, bytearray, memoryview)) or len(binary) == 0:
+            raise ValueError("CoreCallable.build: binary must be the kernel's non-empty shared-library bytes")
+        return cls(signature, bytes(binary))
+
     # pto knows a kernel's core type from the compile (the source's include of core type is the
     # driver's choice): KernelCompiler records it.
     core_type: str = "aiv"
     source: str = ""
 
 
-class ChipCallable:
+class ChipCallable(_Callable):
     """A compiled orchestration (entry and optional config function names) and its kernels by
     func_id."""
 
@@ -469,17 +476,6 @@ class ChipCallable:
 
     def child(self, i: int) -> CoreCallable:
         return self._children[i][1]
-
-    def sig(self, i: int) -> ArgDirection:
-        return self._signature[i]
-
-    @property
-    def sig_count(self) -> int:
-        return len(self._signature)
-
-    @property
-    def binary_size(self) -> int:
-        return len(self.binary)
 
     def identity(self) -> str:
         h = hashlib.sha256(self.binary)

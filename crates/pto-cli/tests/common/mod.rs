@@ -180,3 +180,18 @@ pub fn alive(pid: u32) -> bool {
         .and_then(|s| s.rsplit(')').next().map(|r| r.trim().to_string()))
         .is_some_and(|r| !r.starts_with('Z'))
 }
+
+/// Runs the `pto` binary with `args` and the extra environment `env`; its exit code (-1 when a
+/// signal ended it), stdout and stderr.
+pub fn pto_with(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pto"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("the pto binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
