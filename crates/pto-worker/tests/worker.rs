@@ -512,6 +512,12 @@ fn check_true_reports_the_race_between_chips_and_none_in_the_ordered_twin() -> R
 }
 
 /// Run as a child process: makes a Worker, prints its children's pids, and waits to be killed.
+/// Whether `pid` still runs. A child that died stays a zombie until its new parent (init, or a
+/// subreaper) reaps it, which a busy machine's init may take seconds to do: it has ended.
+fn alive(pid: u32) -> bool {
+    pto_shm::process::state(pid).is_some_and(|s| !matches!(s, 'Z' | 'X' | 'x'))
+}
+
 fn parent_role() {
     let w = builder(2).init().unwrap();
     let pids: Vec<String> = (0..3)
@@ -544,7 +550,6 @@ fn children_die_with_their_parent() -> Result<(), Failed> {
     parent.kill()?;
     parent.wait()?;
     let t = Instant::now();
-    let alive = |p: u32| std::path::Path::new(&format!("/proc/{p}")).exists();
     while pids.iter().any(|&p| alive(p)) && t.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -635,11 +640,6 @@ fn sigterm_to_a_worker_process_ends_its_children_and_removes_its_segments() -> R
         "took {:?}",
         t.elapsed()
     );
-    let alive = |p: u32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .map(|s| !s.rsplit(')').next().unwrap_or("").trim().starts_with('Z'))
-            .unwrap_or(false)
-    };
     // Within the 2 s promised for the whole exit.
     while pids.iter().any(|&p| alive(p)) && t.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(5));
