@@ -177,12 +177,16 @@ fn a_rank_that_dies_ends_the_job() {
 }
 
 /// Two network namespaces joined by a veth pair, removed on drop.
+/// Two network namespaces joined by a veth pair, named after this process (`pto_t_<pid>_<i>`,
+/// links `ptv<pid>_<i>`), so that two copies of the suite at once each have their own. The
+/// addresses are the same in each pair: every pair is a network of its own.
 struct Hosts {
     dir: std::path::PathBuf,
+    ns: [String; 2],
 }
 
-const NS: [&str; 2] = ["pto_t_ns0", "pto_t_ns1"];
 const ADDR: [&str; 2] = ["10.78.0.1", "10.78.0.2"];
+const NS_PREFIX: &str = "pto_t_";
 
 fn sh(cmd: &str) -> Result<(), String> {
     let st = Command::new("sh")
@@ -198,53 +202,83 @@ fn sh(cmd: &str) -> Result<(), String> {
 
 impl Hosts {
     fn create() -> Result<Hosts, String> {
-        let _ = Hosts::teardown();
-        for ns in NS {
+        Hosts::sweep_dead();
+        let pid = std::process::id();
+        let ns = [0, 1].map(|i| format!("{NS_PREFIX}{pid}_{i}"));
+        let link = |i: usize| format!("ptv{pid}_{i}");
+        // From here on, Drop removes whatever was made.
+        let hosts = Hosts {
+            dir: std::env::temp_dir().join(format!("pto-two-hosts-{pid}")),
+            ns,
+        };
+        for ns in &hosts.ns {
             sh(&format!("ip netns add {ns}"))?;
             sh(&format!("ip -n {ns} link set lo up"))?;
         }
         sh(&format!(
-            "ip link add pto_t_v0 netns {} type veth peer name pto_t_v1 netns {}",
-            NS[0], NS[1]
+            "ip link add {} netns {} type veth peer name {} netns {}",
+            link(0),
+            hosts.ns[0],
+            link(1),
+            hosts.ns[1]
         ))?;
-        for i in 0..2 {
-            sh(&format!(
-                "ip -n {} addr add {}/24 dev pto_t_v{i}",
-                NS[i], ADDR[i]
-            ))?;
-            sh(&format!("ip -n {} link set pto_t_v{i} up", NS[i]))?;
+        for (i, (ns, addr)) in hosts.ns.iter().zip(ADDR).enumerate() {
+            sh(&format!("ip -n {ns} addr add {addr}/24 dev {}", link(i)))?;
+            sh(&format!("ip -n {ns} link set {} up", link(i)))?;
         }
         // Open MPI starts its daemon on a "host" through this agent instead of ssh.
-        let dir = std::env::temp_dir().join(format!("pto-two-hosts-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let agent = dir.join("agent.sh");
+        std::fs::create_dir_all(&hosts.dir).map_err(|e| e.to_string())?;
+        let agent = hosts.agent();
         let script = format!(
             "#!/bin/sh\n# $1 is the host; options before it are ssh's.\nwhile [ \"${{1#-}}\" != \"$1\" ]; do shift; done\nhost=$1; shift\ncase $host in\n  {a0}) ns={n0} ;;\n  {a1}) ns={n1} ;;\n  *) echo \"unknown host $host\" >&2; exit 1 ;;\nesac\nexec ip netns exec $ns /bin/sh -c \"$*\"\n",
-            a0 = ADDR[0], a1 = ADDR[1], n0 = NS[0], n1 = NS[1]
+            a0 = ADDR[0],
+            a1 = ADDR[1],
+            n0 = hosts.ns[0],
+            n1 = hosts.ns[1]
         );
         std::fs::write(&agent, script).map_err(|e| e.to_string())?;
         sh(&format!("chmod +x {}", agent.display()))?;
-        Ok(Hosts { dir })
+        Ok(hosts)
     }
 
     fn agent(&self) -> std::path::PathBuf {
         self.dir.join("agent.sh")
     }
 
-    fn teardown() -> Result<(), String> {
-        for ns in NS {
-            let _ = Command::new("ip")
-                .args(["netns", "del", ns])
-                .stderr(Stdio::null())
-                .status();
+    /// Removes the namespaces a run of this test that was killed left behind (their process is
+    /// gone); a live process's are its own.
+    fn sweep_dead() {
+        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+            return;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let name = line.split_whitespace().next().unwrap_or("");
+            let Some(pid) = name
+                .strip_prefix(NS_PREFIX)
+                .and_then(|r| r.split('_').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = Command::new("ip")
+                    .args(["netns", "del", name])
+                    .stderr(Stdio::null())
+                    .status();
+            }
         }
-        Ok(())
     }
 }
 
 impl Drop for Hosts {
     fn drop(&mut self) {
-        let _ = Hosts::teardown();
+        // Deleting a namespace deletes its end of the veth pair, and with it the other end.
+        for ns in &self.ns {
+            let _ = Command::new("ip")
+                .args(["netns", "del", ns])
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -275,7 +309,7 @@ fn a_collective_across_two_network_namespaces() {
         a1 = ADDR[1],
     );
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", NS[0], "mpirun"]);
+    cmd.args(["netns", "exec", &hosts.ns[0], "mpirun"]);
     cmd.args(inner.split_whitespace());
     // Both namespaces have the same hostname, which confuses Open MPI's idea of a node: the
     // ranks are grouped as placed (ranks 0-1 on the first host, 2-3 on the second).
