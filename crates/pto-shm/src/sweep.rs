@@ -170,22 +170,33 @@ mod tests {
         )
         .unwrap();
         // A segment "created" by a process that is gone: name it after a reaped child's pid.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead_pid = child.id();
-        child.wait().unwrap();
-        let dead_name = format!("/pto.{dead_pid}.0123456789abcdef.dead");
-        let fd = rustix::shm::open(
-            dead_name.as_str(),
-            rustix::shm::OFlags::CREATE | rustix::shm::OFlags::RDWR,
-            rustix::fs::Mode::from_raw_mode(0o600),
-        )
-        .unwrap();
-        drop(fd);
-        let all = list();
-        let l = all.iter().find(|s| s.name == live.name()).unwrap();
-        assert!(l.alive);
-        let d = all.iter().find(|s| s.name == dead_name).unwrap();
-        assert!(!d.alive);
+        // Any `pto run` on the machine (another test, another copy of the suite) sweeps such
+        // segments as it starts and may take it before the list below: then another is made.
+        let mut dead_name = String::new();
+        for _ in 0..10 {
+            let mut child = std::process::Command::new("true").spawn().unwrap();
+            let dead_pid = child.id();
+            child.wait().unwrap();
+            dead_name = format!("/pto.{dead_pid}.0123456789abcdef.dead");
+            let fd = rustix::shm::open(
+                dead_name.as_str(),
+                rustix::shm::OFlags::CREATE | rustix::shm::OFlags::RDWR,
+                rustix::fs::Mode::from_raw_mode(0o600),
+            )
+            .unwrap();
+            drop(fd);
+            let all = list();
+            let l = all.iter().find(|s| s.name == live.name()).unwrap();
+            assert!(l.alive);
+            if let Some(d) = all.iter().find(|s| s.name == dead_name) {
+                assert!(!d.alive);
+                break;
+            }
+            assert!(
+                !std::path::Path::new(&format!("/dev/shm{dead_name}")).exists(),
+                "{dead_name} exists but is not listed"
+            );
+        }
         let removed = sweep_stale().removed;
         // Gone (a concurrent `pto run` in another test may have swept it first).
         assert!(!std::path::Path::new(&format!("/dev/shm{dead_name}")).exists());
